@@ -1,0 +1,468 @@
+"""
+Value Residual Learning (Zhou et al., arXiv 2410.17897) in one file: ResFormer and SVFormer.
+
+A Llama-style decoder (pre-norm RMSNorm, RoPE, SwiGLU, no biases) with one extra residual path, on
+the attention *values*: layer n > 1 mixes layer 1's values V1 into its own before attention,
+
+    U_n = softmax(Q_n K_n^T / sqrt(d)) (λ_{n,1} V1 + λ_{n,2} V_n)
+
+with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transformer, (0.5, 0.5) Identity
+ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
+cache no values). The paper's baselines (NeuTRENO, DenseFormer, CLA, GQA/MQA) are flags here too.
+Layers are 0-based in the code and 1-based in the paper: the code's `layer 0` is the paper's V1.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Named rows of the paper's variant tables (SPEC.md). Each sets these flags; λ rows come from `variant_lambdas`.
+VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer', 'share_kv')
+VARIANTS = {
+    'vanilla': {},
+    'resformer_identity': dict(value_residual=True),
+    'resformer_constant': dict(value_residual=True),
+    'resformer_sparse': dict(value_residual=True),
+    'resformer_learnable': dict(value_residual=True, lambda_mode='learnable'),
+    'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
+    'svformer': dict(value_residual=True),
+    'neutreno': dict(neutreno_lambda=0.4),
+    'neutreno_resformer': dict(value_residual=True, neutreno_lambda=0.2),
+    'denseformer': dict(denseformer=True),
+    'cla': dict(share_kv='kv'),
+    'share_k': dict(share_kv='k'),
+    'share_v': dict(share_kv='v'),
+}
+
+
+def variant_lambdas(variant, n_layer):
+    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; row 0 is layer 1, unchanged."""
+    later = n_layer - 1
+    if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
+        rows = [(0.5, 0.5)] * later                      # official code: 0.5 V1 + 0.5 V_n
+    elif variant == 'resformer_constant':
+        rows = [(2.0, 1.0)] * later
+    elif variant == 'resformer_sparse':
+        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5, the paper's best sparse setting)
+        first = n_layer - (3 * n_layer) // 8
+        rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in range(1, n_layer)]
+    elif variant == 'resformer_learnable_plus':
+        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond "stronger
+        # for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight.
+        logits = [n / max(later - 1, 1) for n in range(later)]
+        total = sum(math.exp(z) for z in logits)
+        rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
+    elif variant == 'svformer':
+        rows = [(1.0, 0.0)] * later                      # U_n = A_n V1: no W_V in layers n > 1
+    else:
+        return None
+    return ((0.0, 1.0),) + tuple(rows)
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    """Longest sequence the model sees: the size of the RoPE table and of a full KV cache."""
+    vocab_size: int = 50304
+    """Tokens in the embedding and LM head (GPT-2's 50257 padded to a multiple of 64)."""
+    n_layer: int = 8
+    """Transformer blocks (82M: 8, 180M: 12, 468M: 24)."""
+    n_head: int = 8
+    """Query heads; head_dim = n_embd / n_head."""
+    n_kv_head: int = None
+    """Key/value heads: None = n_head (MHA), fewer = GQA, 1 = MQA."""
+    n_embd: int = 512
+    """Model width d."""
+    ffn_hidden: int = None
+    """SwiGLU hidden size: None = 3.5 * n_embd, as in the paper (1792 for d = 512)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    dropout: float = 0.0
+    """Dropout on attention probabilities and residual branches (the paper uses 0)."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the LM head (the paper keeps them untied)."""
+    variant: str = 'custom'
+    """A name from VARIANTS that sets the flags below, or 'custom' to set them yourself."""
+    value_residual: bool = False
+    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer)."""
+    lambdas: tuple = None
+    """(n_layer, 2) rows (weight on V1, weight on V_n); row 0 must be (0, 1). None = Identity (0.5, 0.5).
+    A layer whose fixed weight on V_n is 0 has no value projection (SVFormer)."""
+    lambda_mode: str = 'fixed'
+    """'fixed' (λ as given), 'learnable' (λ initialised from `lambdas`), or 'plus' (Learnable-Plus:
+    λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
+    value_rescale: bool = False
+    """Post-residual rescaling, our reading of the paper: use V'_n / (λ_{n,1} + λ_{n,2})."""
+    neutreno_lambda: float = 0.0
+    """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off. Needs n_kv_head = n_head."""
+    denseformer: bool = False
+    """DenseFormer baseline: after each block, a learned weighted average of the embedding and all block outputs."""
+    share_kv: str = 'none'
+    """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.ffn_hidden is None:
+            self.ffn_hidden = round(3.5 * self.n_embd)
+        if self.lambdas is not None:
+            try:
+                self.lambdas = tuple((float(a), float(b)) for a, b in self.lambdas)
+            except (TypeError, ValueError):
+                raise ValueError(f"lambdas must be {self.n_layer} pairs (weight on V1, weight on V_n), got {self.lambdas!r}") from None
+        if self.variant != 'custom':
+            self._apply_variant()
+        if self.value_residual and self.lambdas is None:
+            self.lambdas = variant_lambdas('resformer_identity', self.n_layer)
+        self._check()
+
+    def _apply_variant(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of: custom, {', '.join(VARIANTS)}")
+        defaults = {f.name: f.default for f in fields(self)}
+        preset = {k: defaults[k] for k in VARIANT_FLAGS} | VARIANTS[self.variant]
+        preset['lambdas'] = variant_lambdas(self.variant, self.n_layer)
+        for k, value in preset.items():
+            if getattr(self, k) not in (defaults[k], value):
+                raise ValueError(f"variant={self.variant!r} sets {k}={value!r}, but {k}={getattr(self, k)!r} was given; "
+                                 f"use variant='custom' to set it yourself")
+            setattr(self, k, value)
+
+    def _check(self):
+        def need(ok, message):
+            if not ok:
+                raise ValueError(message)
+        need(self.n_layer >= 1 and self.n_head >= 1 and self.n_kv_head >= 1, "n_layer, n_head and n_kv_head must be >= 1")
+        need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        need((self.n_embd // self.n_head) % 2 == 0, f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
+        need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
+        need(self.lambda_mode in ('fixed', 'learnable', 'plus'), f"lambda_mode={self.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
+        need(self.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={self.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
+        need(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
+        if not self.value_residual:
+            need(self.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
+            need(self.lambda_mode == 'fixed', f"lambda_mode={self.lambda_mode!r} needs value_residual=True")
+            need(not self.value_rescale, "value_rescale needs value_residual=True")
+        else:
+            need(self.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
+            need(len(self.lambdas) == self.n_layer, f"lambdas must have shape ({self.n_layer}, 2), got {len(self.lambdas)} rows")
+            need(self.lambdas[0] == (0.0, 1.0), f"lambdas[0] must be (0, 1): layer 1 is unchanged, got {self.lambdas[0]}")
+            need(self.share_kv not in ('v', 'kv'), f"share_kv={self.share_kv!r} shares V across layers, which value_residual "
+                                                    "also redefines (SVFormer already shares V1); use share_kv='k' or 'none'")
+            if self.lambda_mode == 'plus':
+                need(all(a > 0 for a, _ in self.lambdas[1:]), "lambda_mode='plus' needs every lambdas[n][0] > 0 (it is λ·softmax)")
+            if self.value_rescale:
+                need(all(a + b != 0 for a, b in self.lambdas[1:]), "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+        if self.neutreno_lambda:
+            need(self.n_kv_head == self.n_head, "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+
+    def owns_value_proj(self, layer):
+        """SVFormer rule: a layer whose fixed weight on its own V_n is 0 needs no W_V (and caches no values)."""
+        svformer_layer = self.value_residual and self.lambda_mode == 'fixed' and layer > 0 and self.lambdas[layer][1] == 0.0
+        return not svformer_layer and not self.shares_prev(layer, 'v')
+
+    def shares_prev(self, layer, what):
+        """CLA pairs (0, 1), (2, 3), ...: the second layer of a pair reuses the first's K ('k') or V ('v')."""
+        return layer % 2 == 1 and self.share_kv in (what, 'kv')
+
+
+class KVCache:
+    """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
+    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per pair."""
+
+    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+        self.k = [None] * n_k_slots
+        self.v = [None] * n_v_slots
+        self.max_seq_len = max_seq_len
+        self.pos = 0  # positions already cached; the model advances it after each forward
+
+    def store(self, slots, slot, new):
+        """Write new (B, heads, T, head_dim) entries at self.pos; return everything cached for this slot so far."""
+        B, H, T, D = new.shape
+        if slots[slot] is None:
+            slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
+        slots[slot][:, :, self.pos:self.pos + T] = new
+        return slots[slot][:, :, :self.pos + T]
+
+    def reset(self):
+        self.pos = 0
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+def rope_table(head_dim, max_len, theta):
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(max_len).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE (Llama convention) on x of shape (B, T, heads, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attention(q, k, v, dropout_p, stats):
+    """softmax(QK^T/sqrt(d)) V with a causal mask; q (B, H, T, D), k and v (B, H_kv, T_k, D) with T_k >= T."""
+    T, T_k = q.size(2), k.size(2)
+    if stats is None:
+        # SDPA's is_causal aligns the mask top-left, which is wrong for a chunk appended to a cache: build it then.
+        mask = None if T == 1 or T == T_k else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=1 < T == T_k,
+                                              enable_gqa=k.size(1) != q.size(1))
+    # analysis path: an explicit softmax, so the attention probabilities can be recorded
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    probs = scores.masked_fill(~causal, float('-inf')).softmax(dim=-1)
+    stats['attn'].append(probs)
+    return F.dropout(probs, dropout_p) @ v
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config, layer):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        kv_dim = self.n_kv_head * self.head_dim
+        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(config.n_embd, kv_dim, bias=False)
+        self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False) if config.owns_value_proj(layer) else None
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.shares_v = config.shares_prev(layer, 'v')
+        self.mixes_v1 = config.value_residual and layer > 0
+        self.neutreno_lambda = config.neutreno_lambda if layer > 0 else 0.0
+        self.dropout = config.dropout
+        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+
+    def forward(self, x, rope, lam, v1, prev_kv, kv_cache, stats):
+        B, T, C = x.shape
+        q = apply_rope(self.c_q(x).view(B, T, self.n_head, self.head_dim), *rope).transpose(1, 2)
+        if self.c_k is None:
+            k = prev_kv[0]  # CLA / share-K: the previous layer's keys
+        else:
+            k = apply_rope(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), *rope).transpose(1, 2)
+            if kv_cache is not None:
+                k = kv_cache.store(kv_cache.k, self.k_slot, k)
+        if self.shares_v:
+            v = prev_kv[1]  # CLA / share-V: the previous layer's values
+        elif self.c_v is None:
+            v = lam[0] * v1  # SVFormer (Sec. 3): U_n = A_n V1, so this layer caches nothing of its own
+        else:
+            v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            if self.mixes_v1:
+                # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
+                # repetition; V1 is not detached, so every layer trains layer 1's W_V.
+                v = lam[0] * v1[:, :, -T:] + lam[1] * v
+            if kv_cache is not None:
+                v = kv_cache.store(kv_cache.v, self.v_slot, v)  # a ResFormer layer caches its mixed V'_n
+        if stats is not None:
+            stats['keys'].append(k)
+            stats['values'].append(v)
+        y = attention(q, k, v, self.dropout if self.training else 0.0, stats)
+        if self.neutreno_lambda:
+            y = y + self.neutreno_lambda * (v1[:, :, -T:] - v[:, :, -T:])  # NeuTRENO: U_n += λ (V1 - V'_n)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return F.dropout(self.c_proj(y), self.dropout, self.training), (k, v)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.c_up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.c_down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        return F.dropout(self.c_down(F.silu(self.c_gate(x)) * self.c_up(x)), self.dropout, self.training)
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer):
+        super().__init__()
+        self.norm_attn = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer)
+        self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope, lam, v1, prev_kv, kv_cache, stats):
+        y, kv = self.attn(self.norm_attn(x), rope, lam, v1, prev_kv, kv_cache, stats)
+        x = x + y
+        return x + self.mlp(self.norm_mlp(x)), kv
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        L = config.n_layer
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(L))
+        self.norm_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        # λ for layers 2..L (layer 1 is unchanged). 1-D tensors, so configure_optimizers never decays them.
+        later = torch.tensor(config.lambdas[1:] if config.value_residual else [(0.0, 1.0)] * (L - 1)).view(L - 1, 2)
+        if config.lambda_mode == 'fixed':
+            self.register_buffer('lambdas_fixed', later, persistent=False)
+        elif config.lambda_mode == 'learnable':
+            self.lambda_v1 = nn.Parameter(later[:, 0].clone())
+            self.lambda_vn = nn.Parameter(later[:, 1].clone())
+        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started so that it equals `lambdas`
+            self.lambda_scale = nn.Parameter(later[:, 0].sum())
+            self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
+            self.lambda_vn = nn.Parameter(later[:, 1].clone())
+        # DenseFormer: block i's output is replaced by Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1}; α starts at identity
+        self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float()) for i in range(L)) \
+            if config.denseformer else None
+        cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
+        self.register_buffer('rope_cos', cos, persistent=False)
+        self.register_buffer('rope_sin', sin, persistent=False)
+        # KV cache slots: one per K and V a layer computes itself; shared ones (SVFormer, CLA) are stored once
+        attns = [block.attn for block in self.blocks]
+        for slot, attn in enumerate(a for a in attns if a.c_k is not None):
+            attn.k_slot = slot
+        for slot, attn in enumerate(a for a in attns if a.c_v is not None):
+            attn.v_slot = slot
+        self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)  # the paper's (Hugging Face Llama's) init
+
+    @property
+    def lambdas(self):
+        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; row 0 (layer 1) is (0, 1)."""
+        if self.config.lambda_mode == 'fixed':
+            later = self.lambdas_fixed
+        elif self.config.lambda_mode == 'learnable':
+            later = torch.stack([self.lambda_v1, self.lambda_vn], dim=1)
+        else:
+            later = torch.stack([self.lambda_scale * self.lambda_logits.softmax(0), self.lambda_vn], dim=1)
+        if self.config.value_rescale:
+            later = later / later.sum(dim=1, keepdim=True)  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
+        return torch.cat([later.new_tensor([[0.0, 1.0]]), later])
+
+    def forward(self, idx, targets=None, kv_cache=None, stats=None):
+        """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
+        kv_cache: continue from the cached positions. stats: a dict to fill with per-layer 'attn' probabilities
+        (explicit-softmax path), 'keys', 'values' (V'_n) and 'hidden' states, for analysis."""
+        B, T = idx.shape
+        pos = 0 if kv_cache is None else kv_cache.pos
+        limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
+        if pos + T > limit:
+            raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; use at most {limit - pos} tokens")
+        if stats is not None:
+            stats.update(attn=[], keys=[], values=[], hidden=[])
+        rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
+        lambdas = self.lambdas
+        x = F.dropout(self.wte(idx), self.config.dropout, self.training)
+        block_outputs = [x]
+        v1 = kv = None
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, rope, lambdas[i], v1, kv, kv_cache, stats)
+            if i == 0:
+                v1 = kv[1]  # V1, all cached positions included, for every later layer
+            if self.dwa is not None:
+                block_outputs.append(x)
+                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))  # DenseFormer depth-weighted average
+            if stats is not None:
+                stats['hidden'].append(x)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        logits = self.lm_head(self.norm_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def new_kv_cache(self, max_seq_len=None):
+        """An empty cache for up to max_seq_len (default block_size) positions."""
+        return KVCache(*self.kv_slots, min(max_seq_len or self.config.block_size, self.config.block_size))
+
+    @torch.no_grad()
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Yield the next token, shape (B, 1), max_new_tokens times. temperature=0 is greedy.
+        Past block_size the context is cropped to the last block_size tokens, with or without the cache."""
+        block_size = self.config.block_size
+        kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens) if use_cache else None
+        for _ in range(max_new_tokens):
+            if kv_cache is not None and kv_cache.pos == kv_cache.max_seq_len:
+                kv_cache.reset()  # the context is full: start over on the cropped context, as the uncached path does
+            fresh = idx[:, -block_size:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
+            logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :].float()
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float('-inf'))
+                next_token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+            idx = torch.cat([idx, next_token], dim=1)
+            yield next_token
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_token=None, use_cache=True):
+        """Extend idx (B, T) by up to max_new_tokens. With stop_token, stop once every row has produced it
+        (rows that finish early are padded with it)."""
+        done = torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
+        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache):
+            if stop_token is not None:
+                next_token = next_token.masked_fill(done, stop_token)
+                done |= next_token == stop_token
+            idx = torch.cat([idx, next_token], dim=1)
+            if done.all():
+                break
+        return idx
+
+    def num_params(self, exclude_embedding=False):
+        """Parameters (shared ones once); exclude_embedding drops the input embedding, which costs no FLOPs."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wte.weight.numel() if exclude_embedding and not self.config.tie_embeddings else n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward): 6 per matmul weight plus attention's QK^T and AV."""
+        cfg = self.config
+        return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+    def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
+        """Model FLOPs utilisation against peak_flops, the accelerator's peak for the dtype in use (caller's choice)."""
+        return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8, fused=device_type == 'cuda')
+
+
+def load_checkpoint(path, device='cpu'):
+    """(model, checkpoint) from a checkpoint written by train.py; a missing or damaged file exits with one line."""
+    try:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+        model.load_state_dict(checkpoint['model'])
+    except FileNotFoundError:
+        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py` or pass --out_dir") from None
+    except Exception as e:  # truncated file, not a checkpoint, or weights that do not fit the recorded architecture
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise SystemExit(f"checkpoint {path} is unreadable ({reason}); re-train or point to another checkpoint") from None
+    return model.to(device), checkpoint

@@ -1,0 +1,169 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from configurator import configure
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULTS = {'n_layer': 12, 'dropout': 0.1, 'compile': True, 'out_dir': 'out', 'init_from': 'scratch',
+            'betas': (0.9, 0.95), 'lambdas': None, 'n_kv_head': None}
+
+
+def run(argv, defaults=DEFAULTS):
+    return configure(defaults, argv, verbose=False)
+
+
+def error(argv, defaults=DEFAULTS):
+    with pytest.raises(SystemExit) as e:
+        run(argv, defaults)
+    message = str(e.value.code)
+    assert message.startswith('config error') and '\n' not in message
+    return message
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_no_arguments_returns_an_equal_copy():
+    config = run([])
+    assert config == DEFAULTS and config is not DEFAULTS
+
+
+def test_config_files_then_cli_applied_in_order(tmp_path):
+    a = write(tmp_path, 'a.py', """
+        import math
+        n_layer = 4
+        dropout = 0.2
+        _scratch = 'private names are ignored'
+        def helper(): pass
+        betas = (0.9, round(math.sqrt(0.98), 2))
+    """)
+    b = write(tmp_path, 'b.py', "n_layer = 6\nout_dir = 'out-' + __file__.split('/')[-1]\n")
+    config = run([a, '--n_layer=8', b, '--dropout=0.3'])
+    assert config['n_layer'] == 6  # b.py came after --n_layer=8
+    assert config['dropout'] == 0.3
+    assert config['betas'] == (0.9, 0.99)
+    assert config['out_dir'] == 'out-b.py'
+    assert 'helper' not in config and 'math' not in config and '_scratch' not in config
+
+
+def test_overrides_are_printed_unless_silenced(capsys):
+    configure(DEFAULTS, ['--n_layer=4'])
+    assert capsys.readouterr().out == "Overriding: n_layer = 4\n"
+    configure(DEFAULTS, ['--n_layer=4'], verbose=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_defaults_are_not_mutated(tmp_path):
+    defaults = {'n_layer': 12, 'betas': [0.9, 0.95]}
+    snapshot = {'n_layer': 12, 'betas': [0.9, 0.95]}
+    run([write(tmp_path, 'c.py', "betas = [0.8, 0.9]\n"), '--n_layer=2'], defaults)
+    assert defaults == snapshot
+
+
+def test_int_for_float_becomes_float():
+    config = run(['--dropout=0'])
+    assert config['dropout'] == 0.0 and type(config['dropout']) is float
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('False', False), ('True', True), ('false', False), ('TRUE', True)])
+def test_bool_words(text, expected):
+    assert run([f'--compile={text}'])['compile'] is expected
+
+
+def test_bool_rejects_0_and_1():
+    assert error(['--compile=0']) == \
+        "config error: --compile expects bool (True or False, not 0 or 1), got int 0"
+
+
+@pytest.mark.parametrize('arg', ['--out_dir=out/lr=1e-3', '--init_from=resume', '--out_dir=a==b'])
+def test_str_takes_text_as_typed(arg):
+    key, value = arg[2:].split('=', 1)
+    assert run([arg])[key] == value
+
+
+def test_str_takes_numbers_as_text_and_unquotes_literals():
+    assert run(['--out_dir=2024'])['out_dir'] == '2024'
+    assert run(["--out_dir='my out'"])['out_dir'] == 'my out'
+
+
+def test_nested_list_with_none_default():
+    assert run(['--lambdas=[[0,1],[0.5,0.5]]'])['lambdas'] == [[0, 1], [0.5, 0.5]]
+    assert run(['--lambdas=((0,1),(0.5,0.5))'])['lambdas'] == ((0, 1), (0.5, 0.5))
+
+
+def test_nested_list_with_tuple_default():
+    config = run(['--lambdas=[[0,1],[0.5,0.5]]'], {'lambdas': ((0.5, 0.5),)})
+    assert config['lambdas'] == ([0, 1], [0.5, 0.5])  # the container takes the default's type
+
+
+def test_none_default_accepts_any_literal_and_none_back():
+    assert run(['--n_kv_head=2'])['n_kv_head'] == 2
+    assert run(['--n_kv_head=2', '--n_kv_head=None'])['n_kv_head'] is None
+
+
+def test_unknown_key_suggests_close_match():
+    assert error(['--n_layers=4']) == "config error: unknown config key 'n_layers' (did you mean 'n_layer'?)"
+    assert error(['--zzz=4']) == "config error: unknown config key 'zzz'"
+
+
+def test_int_rejects_float_and_bool():
+    assert error(['--n_layer=2.5']) == "config error: --n_layer expects int, got float 2.5"
+    assert error(['--n_layer=True']) == "config error: --n_layer expects int, got bool True"
+    assert error(['--dropout=True']) == "config error: --dropout expects float, got bool True"
+
+
+def test_unparseable_value_for_non_str():
+    assert error(['--n_layer=four']) == \
+        "config error: --n_layer expects int, got 'four', which is not a Python literal"
+
+
+def test_malformed_arguments():
+    assert error(['--compile']) == "config error: --compile needs a value, e.g. --compile=True"
+    assert error(['n_layer=4']).startswith("config error: unexpected argument 'n_layer=4'")
+
+
+def test_missing_config_file():
+    assert error(['config/nope.py']) == "config error: config file config/nope.py not found"
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    bad_key = write(tmp_path, 'bad_key.py', "lr = 1e-3\n")
+    assert error([bad_key]) == f"config error in {bad_key}: unknown config key 'lr'"
+    bad_type = write(tmp_path, 'bad_type.py', "n_layer = 2.5\n")
+    assert error([bad_type]) == f"config error in {bad_type}: n_layer expects int, got float 2.5"
+
+
+def test_config_file_syntax_and_runtime_errors_are_one_line(tmp_path):
+    syntax = write(tmp_path, 'syntax.py', "n_layer = 4\ndropout = (0.1\n")
+    assert error([syntax]).startswith(f"config error in {syntax}:2: ")
+    runtime = write(tmp_path, 'runtime.py', "n_layer = 4\n\ndropout = undefined_name\n")
+    assert error([runtime]) == f"config error in {runtime}:3: NameError: name 'undefined_name' is not defined"
+
+
+def test_script_exits_with_one_line_on_stderr(tmp_path):
+    script = write(tmp_path, 'script.py', """
+        import sys
+        from configurator import configure
+        n_layer = 12
+        dropout = 0.0
+        config_keys = [k for k, v in globals().items() if not k.startswith('_')
+                       and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+        globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+        print(n_layer, dropout)
+    """)
+    env = {**os.environ, 'PYTHONPATH': HERE}
+    def run_script(*argv):
+        return subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=env)
+    ok = run_script('--n_layer=4', '--dropout=0')
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == '4 0.0'
+    bad = run_script('--n_layers=4')
+    assert bad.returncode != 0
+    assert bad.stderr == "config error: unknown config key 'n_layers' (did you mean 'n_layer'?)\n"
