@@ -1,0 +1,651 @@
+"""
+Tests for model.py (ResFormer / SVFormer and the paper's baselines), CPU only, about a minute on 2 cores.
+
+Most checks compare two computations that must agree: a variant against vanilla where the paper says they
+coincide, the model against a deliberately naive reference written here from the state_dict alone, and
+incremental decoding against the full forward. Tiny models everywhere; float64 where exactness matters.
+"""
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, VARIANTS, load_checkpoint
+
+torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation (100x slower on a busy machine)
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+# Named configurations beyond the presets: (variant, extra flags). Every test that loops over "all
+# variants" uses this list, so a new preset in VARIANTS is picked up automatically.
+EXTRA_CASES = {
+    'gqa': dict(n_kv_head=2),
+    'mqa': dict(n_kv_head=1),
+    'svformer_gqa': dict(variant='svformer', n_head=8, n_kv_head=2),  # n_kv_head = n_head / 4
+    'constant_rescaled': dict(variant='resformer_constant', value_rescale=True),
+    'tied': dict(variant='resformer_identity', tie_embeddings=True),
+    # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
+    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+}
+ALL_CASES = {name: dict(variant=name) for name in VARIANTS} | EXTRA_CASES
+
+
+def tiny_config(**kw):
+    """A 4-layer, 32-wide, 4-head model over a 64-token vocabulary; keyword arguments override."""
+    args = dict(n_layer=4, n_head=4, n_embd=32, vocab_size=64, block_size=16)
+    return GPTConfig(**(args | kw))
+
+
+def tiny_model(seed=0, dtype=torch.float64, **kw):
+    """A tiny GPT with sharpened random weights (see `sharpen`), in eval mode."""
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(**kw)).to(dtype)
+    sharpen(model, seed)
+    return model.eval()
+
+
+@torch.no_grad()
+def sharpen(model, seed=0):
+    """Replace the 0.02-std init by larger random weights, random norm gains and perturbed λ / DenseFormer α.
+    At the paper's init attention is nearly uniform and a masking or mixing bug barely moves the logits;
+    with these weights the same bug moves them by O(1)."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        if name.endswith('wte.weight') or name.endswith('lm_head.weight'):
+            p.copy_(noise)
+        elif p.dim() == 2:
+            p.copy_(noise / math.sqrt(p.size(1)) * 1.5)
+        elif 'norm' in name:
+            p.copy_(1 + 0.2 * noise)
+        else:  # λ parameters and DenseFormer α: keep their init, nudge them so they matter
+            p.add_(0.1 * noise)
+
+
+def random_tokens(model, B=2, T=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(model.config.vocab_size, (B, T), generator=g)
+
+
+def logits_of(model, idx, **kw):
+    with torch.no_grad():
+        return model(idx, **kw)[0]
+
+
+def trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+# ------------------------------------------------------------------------- naive reference forward pass
+
+def naive_forward(state, cfg, idx):
+    """Logits of `cfg`'s model with weights `state`, written from the paper's formulas with explicit loops
+    over layers and heads and nothing from model.py. Supports fixed λ (value residual, SVFormer, rescaling),
+    NeuTRENO, GQA/MQA and cross-layer K/V sharing; not DenseFormer or learnable λ."""
+    assert not cfg.denseformer and cfg.lambda_mode == 'fixed'
+    W = {k: v.to(torch.float64) for k, v in state.items()}
+    B, T = idx.shape
+    d, H, H_kv, L = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.n_layer
+    hd = d // H
+    group = H // H_kv
+
+    def rmsnorm(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * w
+
+    # rotate-half RoPE: pair dimension i with i + hd/2, rotate by angle t * theta^(-2i/hd)
+    inv_freq = torch.tensor([cfg.rope_theta ** (-2 * i / hd) for i in range(hd // 2)], dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+
+    def rope(x):  # x: (B, T, hd)
+        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+
+    def heads(x, n):  # (B, T, n*hd) -> list of n tensors (B, T, hd)
+        return [x[..., j * hd:(j + 1) * hd] for j in range(n)]
+
+    x = W['wte.weight'][idx]
+    V1 = None          # layer 1's value heads (list of H_kv tensors)
+    K_prev = V_prev = None
+    for n in range(L):
+        p = f'blocks.{n}.'
+        h = rmsnorm(x, W[p + 'norm_attn.weight'])
+        Q = heads(h @ W[p + 'attn.c_q.weight'].T, H)
+        # keys: own projection, or the previous layer's (CLA / share-K pairs (0,1), (2,3), ...)
+        if p + 'attn.c_k.weight' in W:
+            K = [rope(k) for k in heads(h @ W[p + 'attn.c_k.weight'].T, H_kv)]
+        else:
+            assert n % 2 == 1 and cfg.share_kv in ('k', 'kv')
+            K = K_prev
+        # values: V'_n = λ1·V1 + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
+        lam1, lam2 = cfg.lambdas[n] if cfg.value_residual else (0.0, 1.0)
+        if cfg.value_rescale and n > 0:
+            lam1, lam2 = lam1 / (lam1 + lam2), lam2 / (lam1 + lam2)
+        if p + 'attn.c_v.weight' in W:
+            Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
+            V = [lam1 * V1[j] + lam2 * Vn[j] for j in range(H_kv)] if (cfg.value_residual and n > 0) else Vn
+        elif cfg.share_kv in ('v', 'kv') and n % 2 == 1:
+            V = V_prev
+        else:
+            assert cfg.value_residual and n > 0 and lam2 == 0
+            V = [lam1 * V1[j] for j in range(H_kv)]
+        if n == 0:
+            V1 = V
+        outs = []
+        for i in range(H):
+            j = i // group                                   # query head i reads KV head j
+            q = rope(Q[i])
+            scores = q @ K[j].transpose(1, 2) / math.sqrt(hd)  # (B, T, T)
+            scores = scores.masked_fill(~causal, float('-inf'))
+            probs = torch.exp(scores - scores.max(-1, keepdim=True).values)
+            probs = probs / probs.sum(-1, keepdim=True)
+            u = probs @ V[j]
+            if cfg.neutreno_lambda and n > 0:                  # NeuTRENO: U_n += λ (V1 - V'_n)
+                u = u + cfg.neutreno_lambda * (V1[j] - V[j])
+            outs.append(u)
+        x = x + torch.cat(outs, dim=-1) @ W[p + 'attn.c_proj.weight'].T
+        h = rmsnorm(x, W[p + 'norm_mlp.weight'])
+        gate, up = h @ W[p + 'mlp.c_gate.weight'].T, h @ W[p + 'mlp.c_up.weight'].T
+        x = x + (gate * torch.sigmoid(gate) * up) @ W[p + 'mlp.c_down.weight'].T
+        K_prev, V_prev = K, V
+    head = W['lm_head.weight'] if 'lm_head.weight' in W else W['wte.weight']
+    return rmsnorm(x, W['norm_f.weight']) @ head.T
+
+
+# ---------------------------------------------------------------------------------- build, loss, grads
+
+@pytest.mark.parametrize('case', ALL_CASES)
+def test_every_variant_trains_and_every_parameter_gets_a_gradient(case):
+    """Each preset (and GQA/MQA/SVFormer+GQA/rescaled/tied customs) builds, gives a finite loss, and
+    backward reaches every trainable parameter with a finite gradient (DDP fails on unused parameters)."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(**ALL_CASES[case]))
+    idx = random_tokens(model, T=16)
+    logits, loss = model(idx, targets=idx.roll(-1, dims=1))
+    assert logits.shape == (2, 16, model.config.vocab_size)
+    assert torch.isfinite(loss) and abs(loss.item() - math.log(64)) < 1.0  # near-uniform at init
+    loss.backward()
+    for name, p in trainable(model):
+        assert p.grad is not None, f'{name} gets no gradient'
+        assert torch.isfinite(p.grad).all(), f'{name} has a non-finite gradient'
+
+
+@pytest.mark.parametrize('case', ALL_CASES)
+def test_config_round_trips_through_asdict(case):
+    """Checkpoints store dataclasses.asdict(config) and rebuild with GPTConfig(**args): that must be exact."""
+    cfg = tiny_config(**ALL_CASES[case])
+    assert GPTConfig(**dataclasses.asdict(cfg)) == cfg
+
+
+# ------------------------------------------------------------------ exact equivalences with vanilla
+
+def test_value_residual_with_lambda_0_1_is_exactly_vanilla():
+    """ResFormer with λ = (0, 1) in every layer is the vanilla Transformer: same parameters, same logits."""
+    vanilla = tiny_model(variant='vanilla')
+    resformer = GPT(tiny_config(value_residual=True, lambdas=[(0, 1)] * 4)).double().eval()
+    resformer.load_state_dict(vanilla.state_dict())  # strict: no extra parameters
+    idx = random_tokens(vanilla)
+    assert torch.equal(logits_of(resformer, idx), logits_of(vanilla, idx))
+    # ...and the value residual is not a no-op: Identity ResFormer on the same weights differs
+    identity = GPT(tiny_config(variant='resformer_identity')).double().eval()
+    identity.load_state_dict(vanilla.state_dict())
+    assert (logits_of(identity, idx) - logits_of(vanilla, idx)).abs().max() > 1e-2
+
+
+def test_neutreno_with_lambda_0_is_exactly_vanilla():
+    """NeuTRENO adds no parameters, and with λ = 0 its term vanishes: logits equal vanilla's exactly."""
+    vanilla = tiny_model(variant='vanilla')
+    neutreno = GPT(tiny_config(variant='neutreno')).double().eval()
+    neutreno.load_state_dict(vanilla.state_dict())  # strict
+    idx = random_tokens(vanilla)
+    assert (logits_of(neutreno, idx) - logits_of(vanilla, idx)).abs().max() > 1e-2  # λ = 0.4 does something
+    for block in neutreno.blocks:
+        block.attn.neutreno_lambda = 0.0
+    assert torch.equal(logits_of(neutreno, idx), logits_of(vanilla, idx))
+
+
+def test_denseformer_at_init_is_exactly_vanilla():
+    """DenseFormer's α starts at the identity (weight 1 on the current block): the same model as vanilla,
+    plus only the dwa parameters."""
+    vanilla = tiny_model(variant='vanilla')
+    torch.manual_seed(0)
+    dense = GPT(tiny_config(variant='denseformer')).double().eval()
+    result = dense.load_state_dict(vanilla.state_dict(), strict=False)
+    assert result.unexpected_keys == []
+    assert result.missing_keys and all(k.startswith('dwa.') for k in result.missing_keys)
+    assert len(result.missing_keys) == 4
+    idx = random_tokens(vanilla)
+    assert torch.equal(logits_of(dense, idx), logits_of(vanilla, idx))
+    with torch.no_grad():
+        dense.dwa[2][0] += 0.5  # mixing in the embedding changes the output
+    assert (logits_of(dense, idx) - logits_of(vanilla, idx)).abs().max() > 1e-2
+
+
+def test_gqa_with_n_kv_head_equal_n_head_is_mha():
+    """n_kv_head = n_head is plain multi-head attention: same config, same parameters, same logits."""
+    assert tiny_config(n_kv_head=4) == tiny_config()
+    mha = tiny_model()
+    gqa = GPT(tiny_config(n_kv_head=4)).double().eval()
+    gqa.load_state_dict(mha.state_dict())
+    idx = random_tokens(mha)
+    assert torch.equal(logits_of(gqa, idx), logits_of(mha, idx))
+
+
+def repeat_kv_heads(weight, n_kv_head, group):
+    """(n_kv_head*hd, d) K or V projection -> (n_kv_head*group*hd, d), each KV head's rows repeated group times."""
+    hd = weight.size(0) // n_kv_head
+    return weight.view(n_kv_head, hd, -1).repeat_interleave(group, dim=0).reshape(n_kv_head * group * hd, -1)
+
+
+@pytest.mark.parametrize('variant', ['custom', 'svformer', 'resformer_identity'])
+def test_gqa_equals_mha_with_repeated_kv_heads(variant):
+    """GQA (2 KV heads for 4 query heads) is MHA whose K/V heads are copies, query head h reading KV head
+    h // 2. With the value residual too: V1 is mixed per KV head, which commutes with the repetition."""
+    gqa = tiny_model(variant=variant, n_kv_head=2)
+    mha = GPT(tiny_config(variant=variant)).double().eval()
+    state = {k: (repeat_kv_heads(v, 2, 2) if ('c_k' in k or 'c_v' in k) else v) for k, v in gqa.state_dict().items()}
+    mha.load_state_dict(state)
+    idx = random_tokens(gqa)
+    torch.testing.assert_close(logits_of(mha, idx), logits_of(gqa, idx), rtol=0, atol=1e-10)
+    # a wrong grouping (head h reading KV head h % 2) must not match
+    wrong = {k: (v.view(2, 8, -1).repeat(2, 1, 1).reshape(32, -1) if ('c_k' in k or 'c_v' in k) else v)
+             for k, v in gqa.state_dict().items()}
+    mha.load_state_dict(wrong)
+    assert (logits_of(mha, idx) - logits_of(gqa, idx)).abs().max() > 1e-2
+
+
+# -------------------------------------------------------------------------- naive reference comparison
+
+REFERENCE_CASES = {
+    'vanilla': dict(variant='vanilla'),
+    'resformer_identity': dict(variant='resformer_identity'),
+    'resformer_constant_rescaled': dict(variant='resformer_constant', value_rescale=True),
+    'resformer_sparse_8': dict(variant='resformer_sparse', n_layer=8),
+    'svformer': dict(variant='svformer'),
+    'svformer_gqa': dict(variant='svformer', n_head=8, n_kv_head=2),
+    'resformer_mqa': dict(variant='resformer_identity', n_kv_head=1),
+    'neutreno': dict(variant='neutreno'),
+    'neutreno_resformer': dict(variant='neutreno_resformer'),
+    'cla': dict(variant='cla'),
+    'share_k': dict(variant='share_k'),
+    'share_v': dict(variant='share_v'),
+    'tied': dict(variant='resformer_identity', tie_embeddings=True),
+    # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
+    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+}
+
+
+@pytest.mark.parametrize('case', REFERENCE_CASES)
+def test_matches_naive_reference(case):
+    """The model equals a loop-over-layers-and-heads implementation of the paper's equations (float64)."""
+    model = tiny_model(**REFERENCE_CASES[case])
+    idx = random_tokens(model, T=16)
+    expected = naive_forward(model.state_dict(), model.config, idx)
+    torch.testing.assert_close(logits_of(model, idx), expected, rtol=0, atol=1e-5)
+
+
+def test_naive_reference_is_sensitive_to_the_value_residual():
+    """Guard for the test above: the reference does tell Identity ResFormer, SVFormer and vanilla apart."""
+    model = tiny_model(variant='resformer_identity')
+    idx = random_tokens(model)
+    as_identity = naive_forward(model.state_dict(), model.config, idx)
+    as_vanilla = naive_forward(model.state_dict(), tiny_config(variant='vanilla'), idx)
+    assert (as_identity - as_vanilla).abs().max() > 1e-2
+
+
+# ------------------------------------------------------------------------ V1 gradient and SVFormer layout
+
+@pytest.mark.parametrize('variant', ['resformer_identity', 'svformer', 'neutreno'])
+def test_later_layers_train_layer_1_value_projection(variant):
+    """V1 is not detached. With layer 1's output projection zeroed, layer 1's own attention cannot reach the
+    loss, so any gradient on its W_V must come from later layers reading V1. Vanilla gets exactly zero."""
+    def w_v_grad(variant):
+        model = tiny_model(variant=variant)
+        with torch.no_grad():
+            model.blocks[0].attn.c_proj.weight.zero_()
+        idx = random_tokens(model)
+        model(idx, targets=idx.roll(-1, dims=1))[1].backward()
+        return model.blocks[0].attn.c_v.weight.grad
+
+    assert w_v_grad('vanilla').abs().max() == 0
+    assert w_v_grad(variant).abs().max() > 1e-4
+
+
+def test_svformer_has_value_projection_in_layer_1_only():
+    """SVFormer: layers n > 1 have no W_V at all (U_n = A_n V1); layer 1 keeps its own."""
+    model = GPT(tiny_config(variant='svformer'))
+    keys = model.state_dict().keys()
+    assert model.blocks[0].attn.c_v is not None and 'blocks.0.attn.c_v.weight' in keys
+    for n in range(1, 4):
+        assert model.blocks[n].attn.c_v is None
+        assert not any(k.startswith(f'blocks.{n}.') and 'c_v' in k for k in keys)
+    d = 32
+    assert model.num_params() == GPT(tiny_config(variant='vanilla')).num_params() - 3 * d * d
+
+
+def test_learnable_svformer_init_keeps_value_projections():
+    """Only a *fixed* zero weight on V_n removes W_V; a learnable λ may move away from zero and needs it."""
+    model = GPT(tiny_config(value_residual=True, lambda_mode='learnable', lambdas=[(0, 1)] + [(1, 0)] * 3))
+    assert all(block.attn.c_v is not None for block in model.blocks)
+
+
+# ------------------------------------------------------------------------------------------- KV cache
+
+@pytest.mark.parametrize('case', ALL_CASES)
+def test_incremental_decoding_matches_full_forward(case):
+    """Prefill a 5-token chunk, then 3 single tokens, then a 4-token chunk (which needs an explicit causal
+    mask offset by the cached length): every position's logits equal the full forward's."""
+    model = tiny_model(**ALL_CASES[case])
+    idx = random_tokens(model, T=12)
+    full = logits_of(model, idx)
+    cache = model.new_kv_cache(12)
+    pieces = []
+    for start, end in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 12)]:
+        assert cache.pos == start
+        pieces.append(logits_of(model, idx[:, start:end], kv_cache=cache))
+    assert cache.pos == 12
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError):
+        model(idx[:, :1], kv_cache=cache)  # the cache is full
+
+
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa'])
+def test_greedy_generate_same_with_and_without_cache(case):
+    """Greedy decoding gives the same tokens with and without the KV cache, also past block_size (16),
+    where both crop the context to the last 16 tokens."""
+    model = tiny_model(**ALL_CASES[case])
+    idx = random_tokens(model, T=6)
+    short_cached = model.generate(idx, 8, temperature=0, use_cache=True)
+    short_plain = model.generate(idx, 8, temperature=0, use_cache=False)
+    assert short_cached.shape == (2, 14) and torch.equal(short_cached, short_plain)
+    long_cached = model.generate(idx, 20, temperature=0, use_cache=True)   # 26 tokens > block_size 16
+    long_plain = model.generate(idx, 20, temperature=0, use_cache=False)
+    assert long_cached.shape == (2, 26) and torch.equal(long_cached, long_plain)
+    assert torch.equal(long_cached[:, :14], short_cached)
+
+
+def cache_bytes(**kw):
+    """Bytes a KV cache holds after the same 5-token prefill (batch 2, float32)."""
+    model = GPT(tiny_config(**kw)).eval()
+    cache = model.new_kv_cache(16)
+    logits_of(model, random_tokens(model, T=5), kv_cache=cache)
+    return cache.nbytes()
+
+
+def test_kv_cache_sizes():
+    """SVFormer caches K for every layer and V for layer 1 only: (L+1)/(2L) of vanilla; with GQA at
+    n_kv_head = n_head/4 that is (L+1)/(8L) of vanilla MHA. CLA: 1/2. Sharing only K or only V: 3/4."""
+    L = 4
+    vanilla = cache_bytes(variant='vanilla', n_head=8)
+    assert vanilla == 2 * L * 2 * 32 * 16 * 4  # (K + V) × layers × batch × d × max_seq_len × 4 bytes
+    assert Fraction(cache_bytes(variant='svformer', n_head=8), vanilla) == Fraction(L + 1, 2 * L)
+    assert Fraction(cache_bytes(variant='svformer', n_head=8, n_kv_head=2), vanilla) == Fraction(L + 1, 8 * L)
+    assert Fraction(cache_bytes(variant='resformer_identity', n_head=8), vanilla) == 1  # caches V'_n
+    assert Fraction(cache_bytes(variant='cla', n_head=8), vanilla) == Fraction(1, 2)
+    assert Fraction(cache_bytes(variant='share_k', n_head=8), vanilla) == Fraction(3, 4)
+    assert Fraction(cache_bytes(variant='share_v', n_head=8), vanilla) == Fraction(3, 4)
+
+
+# ----------------------------------------------------------------------------------- parameter counts
+
+@pytest.mark.parametrize('layers, heads, d, ffn, target', [
+    (8, 8, 512, 1792, 82e6), (12, 12, 768, 2688, 180e6), (24, 16, 1024, 3584, 468e6)])
+def test_paper_model_sizes(layers, heads, d, ffn, target):
+    """The paper's 82M / 180M / 468M shapes (vocab 50277, untied) have the reported sizes, and num_params
+    equals SPEC's formula 2·V·d + L·(4d² + 3·d·FFN) plus the RMSNorm gains (2 per layer + final)."""
+    V = 50277
+    cfg = GPTConfig(n_layer=layers, n_head=heads, n_embd=d, vocab_size=V, block_size=2048)
+    assert cfg.ffn_hidden == ffn  # the default FFN is 3.5 d
+    with torch.device('meta'):
+        model = GPT(cfg)
+    n = model.num_params()
+    assert n == 2 * V * d + layers * (4 * d * d + 3 * d * ffn) + (2 * layers + 1) * d
+    assert abs(n - target) / target < 0.02
+    assert model.num_params(exclude_embedding=True) == n - V * d
+    flops = model.flops_per_token(2048)
+    assert flops == 6 * (n - V * d) + 12 * layers * d * 2048
+    assert model.estimate_mfu(1000.0, 2048, 1e15) == pytest.approx(flops * 1000.0 / 1e15)
+
+
+def test_tied_embeddings_count_once():
+    untied, tied = GPT(tiny_config()), GPT(tiny_config(tie_embeddings=True))
+    assert tied.lm_head.weight is tied.wte.weight
+    assert untied.num_params() - tied.num_params() == 64 * 32
+    assert tied.num_params(exclude_embedding=True) == tied.num_params()  # the shared matrix is the LM head
+
+
+# ------------------------------------------------------------------------------------------- λ values
+
+def test_lambdas_identity():
+    model = GPT(tiny_config(variant='resformer_identity'))
+    assert model.lambdas.tolist() == [[0.0, 1.0]] + [[0.5, 0.5]] * 3
+
+
+def test_lambdas_sparse_8_layers():
+    """Sparse ResFormer, 8 layers: λ1 = 5 on the paper's layers 6-8 (0-based 5, 6, 7) and 0 elsewhere."""
+    model = GPT(tiny_config(variant='resformer_sparse', n_layer=8))
+    lam = model.lambdas.tolist()
+    assert [row[0] for row in lam] == [0, 0, 0, 0, 0, 5, 5, 5]
+    assert [row[1] for row in lam] == [1] * 8
+
+
+def test_lambdas_value_rescale_divides_by_row_sum():
+    """Post-residual rescaling: Constant ResFormer (2, 1) becomes (2/3, 1/3); layer 1 stays (0, 1)."""
+    model = GPT(tiny_config(variant='resformer_constant', value_rescale=True))
+    expected = torch.tensor([[0.0, 1.0]] + [[2 / 3, 1 / 3]] * 3)
+    torch.testing.assert_close(model.lambdas, expected)
+
+
+@pytest.mark.parametrize('variant', ['resformer_learnable', 'resformer_learnable_plus'])
+def test_learnable_lambdas_start_at_config_and_train(variant):
+    """Learnable and Learnable-Plus λ start equal to the config's table (Plus: λ·softmax(λ') reproduces it,
+    λ summing to n_layer with larger weight on higher layers) and move after one optimizer step."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(variant=variant))
+    start = model.lambdas.detach().clone()
+    torch.testing.assert_close(start, torch.tensor(model.config.lambdas, dtype=torch.float32))
+    if variant == 'resformer_learnable_plus':
+        assert start[1:, 0].sum().item() == pytest.approx(4.0)
+        assert (start[2:, 0] > start[1:-1, 0]).all()
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+    idx = random_tokens(model)
+    model(idx, targets=idx.roll(-1, dims=1))[1].backward()
+    optimizer.step()
+    after = model.lambdas.detach()
+    assert torch.equal(after[0], torch.tensor([0.0, 1.0]))  # layer 1 is never mixed
+    assert (after[1:] - start[1:]).abs().min() > 1e-3       # every later λ trained, on both V1 and V_n
+
+
+# ---------------------------------------------------------------------------------------- optimizer
+
+@pytest.mark.parametrize('kw', [
+    dict(value_residual=True, lambda_mode='plus', lambdas=[(0, 1)] + [(1, 0.5)] * 3, denseformer=True),
+    dict(value_residual=True, lambda_mode='learnable', lambdas=[(0, 1)] + [(0.5, 0.5)] * 3, n_kv_head=2),
+    dict(variant='svformer', tie_embeddings=True),
+])
+def test_configure_optimizers_decay_groups(kw):
+    """Weight decay on every matrix and embedding; none on RMSNorm gains, λ or DenseFormer α; each trainable
+    parameter in exactly one group."""
+    model = GPT(tiny_config(**kw))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    decay, no_decay = optimizer.param_groups
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    grouped = [id(p) for g in optimizer.param_groups for p in g['params']]
+    assert sorted(grouped) == sorted(id(p) for _, p in trainable(model))
+    assert len(grouped) == len(set(grouped))
+    decayed = {id(p) for p in decay['params']}
+    for name, p in trainable(model):
+        is_matrix = name.endswith(('wte.weight', 'lm_head.weight')) or any(
+            s in name for s in ('.c_q.', '.c_k.', '.c_v.', '.c_proj.', '.c_gate.', '.c_up.', '.c_down.'))
+        assert (id(p) in decayed) == is_matrix, name
+        if 'norm' in name or 'lambda' in name or name.startswith('dwa.'):
+            assert id(p) not in decayed, name
+
+
+# -------------------------------------------------------------------------------------- analysis stats
+
+@pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer'])
+def test_stats_path_same_logits_and_fills_stats(case):
+    """forward(stats={}) takes the explicit-softmax path: same logits, and it records per-layer causal
+    attention probabilities (rows sum to 1), keys, values (V'_n) and hidden states."""
+    model = tiny_model(**ALL_CASES[case])
+    idx = random_tokens(model, T=10)
+    stats = {}
+    torch.testing.assert_close(logits_of(model, idx, stats=stats), logits_of(model, idx), rtol=0, atol=1e-5)
+    cfg = model.config
+    for key in ('attn', 'keys', 'values', 'hidden'):
+        assert len(stats[key]) == cfg.n_layer, key
+    upper = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    for attn in stats['attn']:
+        assert attn.shape == (2, cfg.n_head, 10, 10)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(2, cfg.n_head, 10, dtype=attn.dtype))
+        assert (attn[..., upper] == 0).all()
+        assert (attn >= 0).all()
+    assert stats['keys'][0].shape == (2, cfg.n_kv_head, 10, cfg.n_embd // cfg.n_head)
+    assert stats['hidden'][-1].shape == (2, 10, cfg.n_embd)
+    if cfg.variant == 'svformer':  # U_n = A_n V1: every layer's values are layer 1's
+        for v in stats['values'][1:]:
+            assert torch.equal(v, stats['values'][0])
+
+
+# ------------------------------------------------------------------------------------------ generation
+
+def test_generate_greedy_is_deterministic_and_top_k_1_is_greedy():
+    model = tiny_model(variant='resformer_identity')
+    idx = random_tokens(model, T=4)
+    greedy = model.generate(idx, 10, temperature=0)
+    assert torch.equal(greedy, model.generate(idx, 10, temperature=0))
+    assert torch.equal(greedy[:, :4], idx) and greedy.shape == (2, 14)
+    torch.manual_seed(123)
+    assert torch.equal(model.generate(idx, 10, temperature=1.0, top_k=1), greedy)
+    # sampling without top_k does draw other tokens (so the top_k=1 check means something)
+    torch.manual_seed(123)
+    sampled = model.generate(idx, 10, temperature=2.0)
+    assert not torch.equal(sampled, greedy)
+    steps = list(model.generate_tokens(idx, 3, temperature=0))
+    assert len(steps) == 3 and all(s.shape == (2, 1) for s in steps)
+    assert torch.equal(torch.cat(steps, dim=1), greedy[:, 4:7])
+
+
+def test_generate_stop_token_stops_and_pads_finished_rows():
+    """With stop_token, a row that has produced it is padded with it, and generation ends when all have."""
+    model = tiny_model(variant='svformer')
+    idx = random_tokens(model, T=4)
+    free = model.generate(idx, 12, temperature=0)[:, 4:]
+    stop = free[0, 1].item()  # row 0 produces it at its second step
+    out = model.generate(idx, 12, temperature=0, stop_token=stop)
+    expected_rows, lengths = [], []
+    for row in free.tolist():
+        first = row.index(stop) if stop in row else None
+        expected_rows.append(row if first is None else row[:first + 1] + [stop] * (len(row) - first - 1))
+        lengths.append(12 if first is None else first + 1)
+    n = max(lengths)
+    assert out.shape == (2, 4 + n)
+    assert out[:, 4:].tolist() == [r[:n] for r in expected_rows]
+    # a single row stops right after its first stop token
+    single = model.generate(idx[:1], 12, temperature=0, stop_token=stop)
+    assert single[0, 4:].tolist() == free[0, :free[0].tolist().index(stop) + 1].tolist()
+
+
+# ---------------------------------------------------------------------------------------- bad configs
+
+BAD_CONFIGS = {
+    'n_embd not divisible by n_head': dict(n_embd=30, n_head=4),
+    'n_head not divisible by n_kv_head': dict(n_kv_head=3),
+    'odd head_dim': dict(n_embd=12, n_head=4),
+    'lambdas wrong row count': dict(value_residual=True, lambdas=[(0, 1)] + [(0.5, 0.5)] * 2),
+    'lambdas rows not pairs': dict(value_residual=True, lambdas=[(0, 1, 0)] + [(0.5, 0.5, 0)] * 3),
+    'lambdas rows scalars': dict(value_residual=True, lambdas=[0, 1, 0.5, 0.5]),
+    'lambdas[0] is not (0, 1)': dict(value_residual=True, lambdas=[(0.5, 0.5)] * 4),
+    'lambdas without value_residual': dict(lambdas=[(0, 1)] + [(0.5, 0.5)] * 3),
+    'learnable without value_residual': dict(lambda_mode='learnable'),
+    'value_rescale without value_residual': dict(value_rescale=True),
+    'neutreno with GQA': dict(variant='neutreno', n_kv_head=2),
+    'svformer with share_kv=v': dict(value_residual=True, lambdas=[(0, 1)] + [(1, 0)] * 3, share_kv='v'),
+    'svformer with share_kv=kv': dict(value_residual=True, lambdas=[(0, 1)] + [(1, 0)] * 3, share_kv='kv'),
+    'resformer with share_kv=v': dict(value_residual=True, share_kv='v'),
+    'unknown variant': dict(variant='resformer_bogus'),
+    'variant with conflicting share_kv': dict(variant='svformer', share_kv='k'),
+    'variant with conflicting value_residual': dict(variant='vanilla', value_residual=True),
+    'variant with conflicting lambdas': dict(variant='resformer_identity', lambdas=[(0, 1)] + [(2, 1)] * 3),
+    'variant with conflicting lambda_mode': dict(variant='svformer', lambda_mode='learnable'),
+    'plus with a zero lambda1': dict(value_residual=True, lambda_mode='plus', lambdas=[(0, 1), (0.5, 0.5), (0, 1), (1, 1)]),
+    'value_residual with one layer': dict(value_residual=True, n_layer=1),
+    'svformer with one layer': dict(variant='svformer', n_layer=1),
+    'rescale by zero': dict(value_residual=True, value_rescale=True, lambdas=[(0, 1), (1, -1), (1, 1), (1, 1)]),
+    'unknown lambda_mode': dict(value_residual=True, lambda_mode='adaptive'),
+    'unknown share_kv': dict(share_kv='q'),
+    'zero heads': dict(n_head=0),
+}
+
+
+@pytest.mark.parametrize('case', BAD_CONFIGS)
+def test_bad_config_raises_one_line_value_error(case):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**BAD_CONFIGS[case])
+    message = str(e.value)
+    assert message and '\n' not in message
+
+
+def test_bad_config_messages_name_the_problem():
+    def message(**kw):
+        with pytest.raises(ValueError) as e:
+            tiny_config(**kw)
+        return str(e.value)
+    assert 'n_head' in message(n_embd=30) and 'n_kv_head' in message(n_kv_head=3)
+    assert 'resformer_bogus' in message(variant='resformer_bogus')
+    assert 'share_kv' in message(variant='svformer', share_kv='k')
+    assert 'lambdas[0]' in message(value_residual=True, lambdas=[(0.5, 0.5)] * 4)
+
+
+@pytest.mark.parametrize('kw', [
+    dict(variant='svformer', n_kv_head=2), dict(variant='resformer_constant', value_rescale=True),
+    dict(variant='svformer', value_residual=True), dict(variant='neutreno', neutreno_lambda=0.4),
+    dict(variant='resformer_identity', share_kv='none'), dict(variant='denseformer', tie_embeddings=True),
+])
+def test_compatible_flags_with_a_variant_are_accepted(kw):
+    """Flags a variant does not set (GQA, rescaling, tying), or that repeat its own value, are fine."""
+    cfg = tiny_config(**kw)
+    assert GPTConfig(**dataclasses.asdict(cfg)) == cfg
+
+
+def test_sequence_longer_than_block_size_raises():
+    model = GPT(tiny_config())
+    with pytest.raises(ValueError) as e:
+        model(torch.zeros(1, 17, dtype=torch.long))
+    assert '\n' not in str(e.value)
+    model(torch.zeros(1, 16, dtype=torch.long))  # exactly block_size is fine
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(model, path):
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
+
+
+def test_load_checkpoint_round_trip(tmp_path):
+    model = tiny_model(variant='svformer', n_head=8, n_kv_head=2, dtype=torch.float32)
+    path = tmp_path / 'ckpt.pt'
+    save_checkpoint(model, path)
+    loaded, checkpoint = load_checkpoint(str(path))
+    assert loaded.config == model.config
+    idx = random_tokens(model)
+    assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
+
+
+def test_load_checkpoint_truncated_or_missing_exits_with_one_line(tmp_path):
+    path = tmp_path / 'ckpt.pt'
+    save_checkpoint(GPT(tiny_config(variant='resformer_identity')), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    for target in (path, tmp_path / 'missing.pt'):
+        with pytest.raises(SystemExit) as e:
+            load_checkpoint(str(target))
+        message = str(e.value.code)
+        assert isinstance(e.value.code, str) and str(target) in message and '\n' not in message
