@@ -148,7 +148,7 @@ def train_defaults():
 
 
 PAPER_SIZES = {'resformer_82m.py': 82e6, 'resformer_180m.py': 180e6, 'resformer_468m.py': 468e6,
-               'resformer_1b6.py': 1.67e9,  # inferred shape (SPEC.md): 1.67B 'svformer_82m.py': 80e6}
+               'resformer_1b6.py': 1.67e9, 'svformer_82m.py': 80e6}  # 1b6: SPEC.md's inferred shape gives 1.67B
 
 
 @pytest.mark.parametrize('path', sorted((REPO / 'config').glob('*.py')), ids=lambda path: path.name)
