@@ -397,16 +397,22 @@ class GPT(nn.Module):
         return KVCache(*self.kv_slots, min(max_seq_len or self.config.block_size, self.config.block_size))
 
     @torch.no_grad()
-    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Yield the next token, shape (B, 1), max_new_tokens times. temperature=0 is greedy.
-        Past block_size the context is cropped to the last block_size tokens, with or without the cache."""
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv_cache=None,
+                        vocab_size=None):
+        """Yield the next token, shape (B, 1), max_new_tokens times. temperature=0 is greedy. kv_cache: decode
+        into this cache (to read its size afterwards, say) rather than a new one. vocab_size: sample only ids below
+        it (train.py pads the vocabulary with ids that have no text). Past block_size the context is cropped to
+        the last block_size tokens, with or without the cache."""
         block_size = self.config.block_size
-        kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens) if use_cache else None
+        if use_cache and kv_cache is None:
+            kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens)
+        if kv_cache is not None:
+            kv_cache.reset()
         for _ in range(max_new_tokens):
             if kv_cache is not None and kv_cache.pos == kv_cache.max_seq_len:
                 kv_cache.reset()  # the context is full: start over on the cropped context, as the uncached path does
             fresh = idx[:, -block_size:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
-            logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :].float()
+            logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :vocab_size].float()
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -419,11 +425,12 @@ class GPT(nn.Module):
             yield next_token
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_token=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_token=None, use_cache=True,
+                 vocab_size=None):
         """Extend idx (B, T) by up to max_new_tokens. With stop_token, stop once every row has produced it
         (rows that finish early are padded with it)."""
         done = torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
-        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache):
+        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache, vocab_size=vocab_size):
             if stop_token is not None:
                 next_token = next_token.masked_fill(done, stop_token)
                 done |= next_token == stop_token

@@ -1,0 +1,156 @@
+"""
+Sample from a trained model.
+
+    python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=500
+    python sample.py --start=FILE:prompt.txt --temperature=0      # prompt from a file; greedy decoding
+    python sample.py --stop="'\\n\\n'"                              # end each sample at its first blank line
+
+The sample text goes to stdout (one sample streams as it is generated; several are drawn as one batch
+and printed one after another). Speed and the size of the KV cache, next to what a vanilla Transformer
+of the same shape would need, go to stderr.
+"""
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from configurator import configure
+from model import load_checkpoint
+from prepare import load_tokenizer
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'  # the training run's folder
+ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
+start = "\n"  # the prompt, or "FILE:prompt.txt"; with GPT-2 BPE an empty prompt starts a new document
+num_samples = 1  # samples drawn together as one batch; a single one streams to stdout
+max_new_tokens = 500  # tokens generated per sample
+temperature = 0.8  # 1.0 = the model's distribution, < 1.0 = more conservative, 0 = greedy
+top_k = 200  # sample among the top_k most likely tokens only
+stop = ''  # end each sample before this text first appears in what it generates ('' = never); EOT always ends one
+seed = 1337
+device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
+use_cache = True  # decode with the KV cache (False recomputes the whole context for every token)
+config_keys = [k for k, v in globals().items() if not k.startswith('_')
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+# -----------------------------------------------------------------------------
+
+if num_samples < 1:
+    raise SystemExit(f"sample.py: num_samples={num_samples}; draw at least 1 sample")
+if max_new_tokens < 1:
+    raise SystemExit(f"sample.py: max_new_tokens={max_new_tokens}; generate at least 1 token")
+if temperature < 0:
+    raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy or a positive value")
+if top_k < 1:
+    raise SystemExit(f"sample.py: top_k={top_k}; keep at least 1 token (a large value such as 50304 keeps all)")
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+device_type = device.split(':')[0]
+if dtype == 'auto':
+    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
+if dtype not in ('float32', 'bfloat16', 'float16'):
+    raise SystemExit(f"sample.py: dtype={dtype!r}; use 'float32', 'bfloat16', 'float16' or 'auto'")
+if dtype == 'float16' and device_type != 'cuda':
+    raise SystemExit(f"sample.py: float16 autocast needs a CUDA device, not {device}; use --dtype=bfloat16 or float32")
+torch.manual_seed(seed)
+ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
+ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+model, checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), device)
+model.eval()
+config = model.config
+tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's tokenizer, offline
+
+
+# the prompt
+if start.startswith('FILE:'):
+    try:
+        with open(start[5:], encoding='utf-8') as f:
+            start = f.read()
+    except OSError as e:
+        raise SystemExit(f"sample.py: cannot read the prompt file {start[5:]} ({e.strerror}); check the path after FILE:")
+    except UnicodeDecodeError:
+        raise SystemExit(f"sample.py: the prompt file {start[5:]} is not UTF-8 text; convert it to UTF-8") from None
+try:
+    start_ids = tokenizer.encode(start)
+except ValueError as e:  # a character-level vocabulary has only the training text's characters
+    raise SystemExit(f"sample.py: the prompt has {e}; use only characters the model was trained on")
+if not start_ids:
+    if tokenizer.eot_token is None:
+        raise SystemExit("sample.py: the prompt is empty and a character-level model has no start-of-text token; "
+                         "give at least one character with --start")
+    start_ids = [tokenizer.eot_token]  # a new document
+if len(start_ids) > config.block_size:
+    raise SystemExit(f"sample.py: the prompt is {len(start_ids)} tokens, longer than the model's block_size of "
+                     f"{config.block_size}; shorten it")
+prompt_text = tokenizer.decode(start_ids)
+x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)
+
+
+def printable_length(text, stop):
+    """How much of a growing sample is final: not a trailing partial UTF-8 character (a BPE token can end
+    mid-character, which decodes to U+FFFD until the rest arrives), nor a tail that may begin the stop text."""
+    end = len(text.rstrip('\ufffd'))
+    for n in range(min(len(stop) - 1, end), 0, -1):
+        if text.endswith(stop[:n], 0, end):
+            return end - n
+    return end
+
+
+# generate, all samples in one batch
+sample_ids = [[] for _ in range(num_samples)]  # generated tokens, without the prompt
+texts = [''] * num_samples
+finished = [False] * num_samples
+streaming = num_samples == 1
+printed = 0  # characters of the streamed sample already on stdout
+if streaming:
+    print(prompt_text, end='', flush=True)
+steps = 0
+kv_cache = model.new_kv_cache(x.size(1) + max_new_tokens) if use_cache else None
+t0 = time.time()
+with ctx:
+    # vocab_size: train.py pads the vocabulary, and those extra ids have no text
+    for next_tokens in model.generate_tokens(x, max_new_tokens, temperature, top_k, use_cache, kv_cache,
+                                             vocab_size=tokenizer.vocab_size):
+        steps += 1
+        for i, token in enumerate(next_tokens[:, 0].tolist()):
+            if finished[i]:
+                continue
+            if token == tokenizer.eot_token:  # end of document
+                finished[i] = True
+                continue
+            sample_ids[i].append(token)
+            texts[i] = tokenizer.decode(sample_ids[i])  # the whole sample, so multi-byte characters come out whole
+            if stop and stop in texts[i]:
+                texts[i] = texts[i][:texts[i].index(stop)]
+                finished[i] = True
+        if streaming:
+            ready = len(texts[0]) if finished[0] else printable_length(texts[0], stop)
+            print(texts[0][printed:ready], end='', flush=True)
+            printed = ready
+        if all(finished):
+            break
+elapsed = time.time() - t0
+
+if streaming:
+    print(texts[0][printed:])
+    print('---------------')
+else:
+    for text in texts:
+        print(prompt_text + text)
+        print('---------------')
+
+tokens = steps * num_samples
+print(f"generated {tokens:,} tokens ({num_samples} x {steps}) in {elapsed:.2f} s: {tokens / elapsed:,.1f} tokens/s "
+      f"on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}", file=sys.stderr)
+if use_cache:
+    kv_bytes = kv_cache.nbytes()
+    # a vanilla Transformer caches K and V in every layer, for n_head heads (no GQA, no sharing)
+    bytes_per_element = kv_cache.k[0].element_size()
+    vanilla_bytes = (2 * config.n_layer * num_samples * config.n_head * kv_cache.max_seq_len
+                     * (config.n_embd // config.n_head) * bytes_per_element)
+    print(f"kv cache: {kv_bytes:,} bytes (vanilla same shape: {vanilla_bytes:,}; "
+          f"{100 * kv_bytes / vanilla_bytes:.1f}%)", file=sys.stderr)

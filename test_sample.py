@@ -1,0 +1,178 @@
+"""sample.py on tiny checkpoints trained here in seconds: in this process (fast), and once through the real CLI."""
+import contextlib
+import io
+import os
+import re
+import runpy
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE_PY = os.path.join(HERE, 'sample.py')
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40
+CHARS = sorted(set(TEXT))
+TINY = dict(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32)  # vocabulary padded as train.py does
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Models this small only lose time to a second thread, and a lot of it on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150):
+    """Train a tiny character-level model on TEXT until greedy decoding recites it; save it as train.py would."""
+    torch.manual_seed(0)
+    config = GPTConfig(**TINY, variant=variant)
+    model = GPT(config)
+    data = torch.tensor([CHARS.index(c) for c in TEXT])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    T = config.block_size
+    with one_thread():
+        for _ in range(steps):
+            starts = torch.randint(len(data) - T - 1, (16,))
+            x = torch.stack([data[s:s + T] for s in starts])
+            y = torch.stack([data[s + 1:s + T + 1] for s in starts])
+            _, loss = model(x, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': steps,
+                'best_val_loss': loss.item(),
+                'config': {'dataset': 'tiny_char', 'data_dir': data_dir, 'block_size': T, 'dtype': 'float32'},
+                'data_meta': {'tokenizer': 'char', 'chars': CHARS, 'vocab_size': len(CHARS)}}, path)
+    return model
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Folders with a trained vanilla and SVFormer checkpoint each, and one with a truncated checkpoint."""
+    root = tmp_path_factory.mktemp('runs')
+    for variant in ('vanilla', 'svformer'):
+        train_tiny_checkpoint(str(root / variant / 'ckpt.pt'), variant)
+    (root / 'truncated').mkdir()
+    data = (root / 'vanilla' / 'ckpt.pt').read_bytes()
+    (root / 'truncated' / 'ckpt.pt').write_bytes(data[:len(data) // 2])
+    return root
+
+
+def sample(out_dir, *args):
+    """Run sample.py in this process as `python sample.py --out_dir=... --device=cpu *args`: (stdout, stderr)."""
+    argv = [SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), \
+            contextlib.chdir(os.path.dirname(out_dir)):
+        sys_argv, sys.argv = sys.argv, argv
+        try:
+            runpy.run_path(SAMPLE_PY, run_name='__main__')
+        finally:
+            sys.argv = sys_argv
+    return stdout.getvalue(), stderr.getvalue()
+
+
+def samples_of(stdout):
+    """The printed samples, without configurator's 'Overriding' lines."""
+    text = ''.join(line for line in stdout.splitlines(keepends=True) if not line.startswith('Overriding: '))
+    assert text.endswith('\n---------------\n')
+    return text.split('\n---------------\n')[:-1]
+
+
+def kv_line(stderr):
+    """(cache bytes, vanilla bytes, percent) from the line `kv cache: 1,234 bytes (vanilla same shape: 2,468; 50.0%)`."""
+    match = re.search(r'^kv cache: ([\d,]+) bytes \(vanilla same shape: ([\d,]+); ([\d.]+)%\)$', stderr, re.M)
+    assert match, stderr
+    return int(match[1].replace(',', '')), int(match[2].replace(',', '')), float(match[3])
+
+
+GREEDY = ('--start=the quick', '--temperature=0', '--max_new_tokens=60')  # 69 tokens: past block_size, so the context crops
+
+
+def test_greedy_output_is_the_same_with_and_without_the_cache(runs):
+    cached, cached_log = sample(runs / 'vanilla', *GREEDY, '--use_cache=True')
+    uncached, uncached_log = sample(runs / 'vanilla', *GREEDY, '--use_cache=False')
+    assert samples_of(cached) == samples_of(uncached)
+    [text] = samples_of(cached)
+    assert len(text) == 9 + 60 and text.startswith('the quick brown fox jumps')  # the model learned TEXT
+    assert 'kv cache:' in cached_log and 'kv cache:' not in uncached_log
+
+
+def test_a_batch_of_greedy_samples_equals_the_streamed_sample(runs):
+    streamed, _ = sample(runs / 'vanilla', *GREEDY)
+    batched, log = sample(runs / 'vanilla', *GREEDY, '--num_samples=3')
+    assert samples_of(batched) == samples_of(streamed) * 3
+    assert 'generated 180 tokens (3 x 60)' in log
+
+
+def test_sampling_a_batch_gives_separate_samples(runs):
+    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=3', '--max_new_tokens=20', '--temperature=2.0')
+    texts = samples_of(stdout)
+    assert len(texts) == 3 and all(t.startswith('the ') and len(t) == 24 for t in texts)
+    assert len(set(texts)) > 1  # at temperature 2, three identical 20-token samples would be a fluke
+
+
+def test_padding_tokens_are_never_sampled(runs):
+    # at temperature 5 the 36 padding ids past the 28 characters would otherwise come up within a few tokens
+    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=4', '--max_new_tokens=100', '--temperature=5.0')
+    assert [len(text) for text in samples_of(stdout)] == [104] * 4
+
+
+def test_a_sample_ends_before_the_stop_text(runs):
+    stdout, log = sample(runs / 'vanilla', *GREEDY, '--stop=fox')
+    assert samples_of(stdout) == ['the quick brown ']
+    assert 'generated 10 tokens' in log  # ' brown fox': generation ends once every sample has stopped
+
+
+@pytest.mark.parametrize('variant, key_layers, value_layers', [('vanilla', 3, 3), ('svformer', 3, 1)])
+def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers, value_layers):
+    _, log = sample(runs / variant, '--start=the ', '--num_samples=2', '--max_new_tokens=10')
+    kv_bytes, vanilla_bytes, percent = kv_line(log)
+    # float32 keys or values of shape (batch 2, 2 heads, 4 + 10 positions, head_dim 16) for each layer that caches them
+    per_layer = 2 * 2 * (4 + 10) * 16 * 4
+    assert kv_bytes == (key_layers + value_layers) * per_layer
+    assert vanilla_bytes == 2 * 3 * per_layer
+    assert percent == round(100 * (key_layers + value_layers) / 6, 1)  # SVFormer: (L + 1) / 2L = 66.7%
+
+
+@pytest.mark.parametrize('run, args, words', [
+    ('missing', ['--start=the '], ['not found']),
+    ('truncated', ['--start=the '], ['unreadable']),
+    ('vanilla', ['--start='], ['empty']),
+    ('vanilla', ['--start=the Zebra?'], ["'?'", "'Z'"]),
+    ('vanilla', ['--start=' + 'the ' * 10], ['40 tokens', 'block_size of 32']),
+    ('vanilla', ['--start=FILE:no_such_prompt.txt'], ['no_such_prompt.txt']),
+    ('vanilla', ['--temperature=-1'], ['temperature']),
+    ('vanilla', ['--top_k=0'], ['top_k']),
+    ('vanilla', ['--num_samples=0'], ['num_samples']),
+])
+def test_bad_input_exits_with_one_line(runs, run, args, words):
+    with pytest.raises(SystemExit) as exit:
+        sample(runs / run, *args)
+    message = exit.value.code
+    assert isinstance(message, str) and '\n' not in message  # Python prints it on stderr and exits with 1
+    assert all(word in message for word in words), message
+
+
+def test_command_line(runs):
+    """The real thing once: a sample on stdout, the statistics on stderr, and a one-line error with exit status 1."""
+    def cli(out_dir, *args):
+        return subprocess.run([sys.executable, SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args],
+                              capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    result = cli('svformer', *GREEDY)
+    assert result.returncode == 0, result.stderr
+    assert samples_of(result.stdout)[0].startswith('the quick brown fox jumps')
+    assert kv_line(result.stderr)[2] == 66.7
+    result = cli('missing', *GREEDY)
+    assert result.returncode == 1 and result.stdout.startswith('Overriding')
+    assert result.stderr.count('\n') == 1 and 'missing/ckpt.pt not found' in result.stderr
