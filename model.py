@@ -13,6 +13,7 @@ Layers are 0-based in the code and 1-based in the paper: the code's `layer 0` is
 """
 
 import math
+import re
 from dataclasses import dataclass, fields
 
 import torch
@@ -466,7 +467,8 @@ def load_checkpoint(path, device='cpu'):
     try:
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
         model = GPT(GPTConfig(**checkpoint['model_args']))
-        model.load_state_dict(checkpoint['model'])
+        # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
+        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v for k, v in checkpoint['model'].items()})
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py` or pass --out_dir") from None
     except Exception as e:  # truncated file, not a checkpoint, or weights that do not fit the recorded architecture

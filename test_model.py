@@ -639,6 +639,17 @@ def test_load_checkpoint_round_trip(tmp_path):
     assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
 
 
+
+def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
+    """A state_dict saved from DDP(torch.compile(model)) names its weights module._orig_mod.*; it still loads."""
+    model = tiny_model(variant='resformer_identity', dtype=torch.float32)
+    path = tmp_path / 'wrapped.pt'
+    torch.save({'model': {'module._orig_mod.' + k: v for k, v in model.state_dict().items()},
+                'model_args': dataclasses.asdict(model.config)}, path)
+    loaded, _ = load_checkpoint(str(path))
+    idx = random_tokens(model)
+    assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
+
 def test_load_checkpoint_truncated_or_missing_exits_with_one_line(tmp_path):
     path = tmp_path / 'ckpt.pt'
     save_checkpoint(GPT(tiny_config(variant='resformer_identity')), path)

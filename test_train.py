@@ -116,7 +116,7 @@ def test_non_finite_loss_stops_the_run(workdir):
     (workdir / 'nan.py').write_text("variant = 'custom'\nvalue_residual = True\n"
                                     "lambdas = [(0, 1), (float('nan'), 1)]\n")
     result = train(workdir, 'nan.py', '--out_dir=out_nan', '--max_iters=5', check=False)
-    one_line_error(result, 'loss became nan at step 0', 'learning_rate')
+    one_line_error(result, 'loss nan', 'at step 0', 'stopped before updating', 'learning_rate')
 
 
 def test_ddp_matches_single_process(workdir):

@@ -308,12 +308,14 @@ try:
         if ddp:
             torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
         scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
         train_loss = train_loss.item()
-        if not (math.isfinite(train_loss) and math.isfinite(grad_norm.item())):
-            kept = f"{out_dir}/ckpt.pt (step {iter_num - iter_num % eval_interval})" if os.path.exists(f"{out_dir}/ckpt.pt") else "no checkpoint"
-            raise SystemExit(f"train.py: loss became {train_loss} at step {iter_num}; stopped before updating the weights "
-                             f"and kept {kept}; lower learning_rate or use dtype='float32'")
+        # (with fp16 the GradScaler itself makes inf gradients now and then, and skips those steps)
+        if not math.isfinite(train_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
+            last = iter_num - iter_num % eval_interval
+            kept = f"kept {out_dir}/ckpt.pt (step {last})" if os.path.exists(f"{out_dir}/ckpt.pt") else "no checkpoint yet"
+            raise SystemExit(f"train.py: loss {train_loss}, gradient norm {grad_norm} at step {iter_num}; stopped before "
+                             f"updating the weights, {kept}; lower learning_rate or use dtype='float32'")
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -322,7 +324,7 @@ try:
         progress.update(1)
         progress.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if iter_num % log_interval == 0 or iter_num == max_iters:
-            record = {'step': iter_num, 'train_loss': train_loss, 'grad_norm': grad_norm.item(), 'lr': lr,
+            record = {'step': iter_num, 'train_loss': train_loss, 'grad_norm': grad_norm, 'lr': lr,
                       'tokens_per_sec': tokens_per_iter / dt}
             if peak:
                 record['mfu'] = raw_model.estimate_mfu(tokens_per_iter / dt, block_size, peak * 1e12)
