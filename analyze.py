@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from configurator import configure
-from model import load_checkpoint
+from model import load_checkpoint, pick_device
 from prepare import open_split
 
 # -----------------------------------------------------------------------------
@@ -205,6 +205,5 @@ if __name__ == '__main__':
     checkpoint_args = [a for a in sys.argv[1:] if not a.startswith('--') and not a.endswith('.py')]
     globals().update(configure({k: globals()[k] for k in config_keys},
                                [a for a in sys.argv[1:] if a not in checkpoint_args]))
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    device = pick_device(device)
     main(checkpoint_args)

@@ -475,3 +475,24 @@ def load_checkpoint(path, device='cpu'):
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SystemExit(f"checkpoint {path} is unreadable ({reason}); re-train or point to another checkpoint") from None
     return model.to(device), checkpoint
+
+
+def pick_device(device):
+    """'auto' means cuda, then mps, then cpu; any other name is used as given."""
+    if device != 'auto':
+        return device
+    return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+
+
+def pick_dtype(dtype, device_type):
+    """'auto' means bfloat16 on GPUs that have it, else float16 on CUDA, else float32 (CPU autocast does bf16
+    only, which is slower than fp32 on most CPUs). An unknown name, or float16 off CUDA, exits with one line."""
+    if dtype == 'auto':
+        if device_type == 'cuda':
+            return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+        return 'float32'
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise SystemExit(f"dtype={dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'")
+    if dtype == 'float16' and device_type != 'cuda':
+        raise SystemExit(f"float16 autocast needs CUDA, not {device_type}; use dtype='bfloat16' or 'float32'")
+    return dtype

@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from configurator import configure
-from model import load_checkpoint
+from model import load_checkpoint, pick_device, pick_dtype
 from prepare import load_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -46,15 +46,9 @@ if temperature < 0:
     raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy or a positive value")
 if top_k < 1:
     raise SystemExit(f"sample.py: top_k={top_k}; keep at least 1 token (a large value such as 50304 keeps all)")
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+device = pick_device(device)
 device_type = device.split(':')[0]
-if dtype == 'auto':
-    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
-if dtype not in ('float32', 'bfloat16', 'float16'):
-    raise SystemExit(f"sample.py: dtype={dtype!r}; use 'float32', 'bfloat16', 'float16' or 'auto'")
-if dtype == 'float16' and device_type != 'cuda':
-    raise SystemExit(f"sample.py: float16 autocast needs a CUDA device, not {device}; use --dtype=bfloat16 or float32")
+dtype = pick_dtype(dtype, device_type)
 torch.manual_seed(seed)
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import configure
-from model import GPT, GPTConfig, load_checkpoint
+from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
 from prepare import load_meta, open_split
 
 # -----------------------------------------------------------------------------
@@ -89,28 +89,13 @@ PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G
 def setup_distributed():
     """(rank, local_rank, world_size, device) from the variables torchrun sets; a single process otherwise."""
     if 'RANK' not in os.environ:
-        name = device
-        if name == 'auto':
-            name = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-        return 0, 0, 1, name
+        return 0, 0, 1, pick_device(device)
     rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-    use_cuda = device.startswith('cuda') or (device == 'auto' and torch.cuda.is_available())
+    use_cuda = pick_device(device).startswith('cuda')
     init_process_group(backend='nccl' if use_cuda else 'gloo')
     if use_cuda:
         torch.cuda.set_device(local_rank)
     return rank, local_rank, world_size, f'cuda:{local_rank}' if use_cuda else 'cpu'
-
-
-def pick_dtype(device_type):
-    if dtype != 'auto':
-        if dtype not in ('float32', 'bfloat16', 'float16'):
-            raise SystemExit(f"train.py: dtype={dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'")
-        if dtype == 'float16' and device_type != 'cuda':
-            raise SystemExit("train.py: float16 autocast needs CUDA; use dtype='bfloat16' or 'float32' on CPU/MPS")
-        return dtype
-    if device_type == 'cuda':
-        return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-    return 'float32'  # CPU autocast only does bf16, which is slower than fp32 on most CPUs
 
 
 def seeded(*keys):
@@ -205,7 +190,7 @@ if gradient_accumulation_steps % ddp_world_size:
                      f"the {ddp_world_size} ranks, so the global batch does not depend on the number of ranks")
 micro_steps = gradient_accumulation_steps // ddp_world_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-ptdtype = pick_dtype(device_type)
+ptdtype = pick_dtype(dtype, device_type)
 autocast = nullcontext() if ptdtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, ptdtype))
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
