@@ -40,6 +40,7 @@ init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 wandb_log = False
 wandb_project = 'value-residual'
 wandb_run_name = 'run'
+log_grad_norms = False  # also log every parameter's gradient norm (before clipping) at each log step
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, summed over all ranks
@@ -293,6 +294,9 @@ try:
         if ddp:
             torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
         scaler.unscale_(optimizer)
+        logging_now = (iter_num + 1) % log_interval == 0 or iter_num + 1 == max_iters
+        if log_grad_norms and logging_now:  # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
+            grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters() if p.grad is not None}
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
         train_loss = train_loss.item()
         # (with fp16 the GradScaler itself makes inf gradients now and then, and skips those steps)
@@ -308,13 +312,15 @@ try:
         iter_num += 1
         progress.update(1)
         progress.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-        if iter_num % log_interval == 0 or iter_num == max_iters:
+        if logging_now:
             record = {'step': iter_num, 'train_loss': train_loss, 'grad_norm': grad_norm, 'lr': lr,
                       'tokens_per_sec': tokens_per_iter / dt}
             if peak:
                 record['mfu'] = raw_model.estimate_mfu(tokens_per_iter / dt, block_size, peak * 1e12)
             if raw_model.config.lambda_mode != 'fixed':
                 record['lambdas'] = raw_model.lambdas.tolist()
+            if log_grad_norms:
+                record['grad_norms'] = grad_norms
             log_metrics(record)
             if master_process:
                 mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s" if peak else ""
