@@ -1,0 +1,449 @@
+"""
+Reproduce the paper's experiments at a small scale: named suites of train.py runs (settings x variants x seeds),
+run one after another (or one per GPU when several are visible), skipped once finished and resumed when
+interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is installed).
+
+    python reproduce.py variants                  # run what is missing, then write results/variants/
+    python reproduce.py all                       # every suite, in the order below
+    python reproduce.py scaling --report_only     # tables from the runs finished so far
+    python reproduce.py lr --dry_run              # list the runs and whether each is done
+    python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
+
+Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). When it finishes, its log.jsonl is condensed
+into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are named by their
+settings, so suites that share a run (the Transformer at the default shape, say) train it once.
+"""
+import argparse
+import json
+import math
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from model import GPT, GPTConfig
+
+REPO = Path(__file__).resolve().parent
+SUITES = ('variants', 'scaling', 'lr', 'kv')
+
+# Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128, character-level
+# Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps so curves can be read
+# off, with per-matrix gradient norms logged for the learning-rate study.
+SCALES = {
+    'cpu': dict(dataset='shakespeare_char', n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16,
+                gradient_accumulation_steps=1, max_iters=600, lr_decay_iters=600, warmup_iters=50,
+                learning_rate=2e-3, min_lr=2e-4, eval_interval=50, eval_iters=10, log_interval=10,
+                log_grad_norms=True),
+    # Untested here (no GPU was available): the 82M shape on GPT-2 BPE Shakespeare, bf16 and compiled by train.py.
+    'gpu': dict(dataset='shakespeare', n_layer=8, n_head=8, n_embd=512, block_size=512, batch_size=32,
+                gradient_accumulation_steps=1, max_iters=2000, lr_decay_iters=2000, warmup_iters=100,
+                learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=20, log_interval=10,
+                log_grad_norms=True),
+}
+# (n_layer, n_embd) per scaling point; heads of 32 (cpu) or 64 (gpu) dimensions
+SIZES = {'cpu': [(2, 64), (3, 96), (4, 128), (5, 160)], 'gpu': [(4, 256), (6, 384), (8, 512), (12, 768)]}
+HEAD_DIM = {'cpu': 32, 'gpu': 64}
+LEARNING_RATES = {'cpu': [1e-3, 2e-3, 4e-3, 8e-3], 'gpu': [3e-4, 6e-4, 1.2e-3, 2.4e-3]}
+SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048]}  # at a fixed number of tokens per step, as in the paper's Sec. 4.6
+VARIANTS = ['vanilla', 'resformer_identity', 'resformer_constant', 'resformer_sparse', 'resformer_learnable',
+            'resformer_learnable_plus', 'svformer', 'neutreno', 'denseformer']
+BASELINE = 'vanilla'
+
+
+def suite_groups(suite, scale):
+    """[(group label, settings that differ from the scale's, label of the Transformer group it is paired with)]."""
+    base = SCALES[scale]
+    if suite == 'variants':
+        return [(v, dict(variant=v), BASELINE) for v in VARIANTS]
+    if suite == 'scaling':
+        return [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]), f'{BASELINE} L{L} d{d}')
+                for L, d in SIZES[scale] for v in (BASELINE, 'resformer_identity')]
+    if suite == 'lr':
+        return [(f'{v} lr={lr:g}', dict(variant=v, learning_rate=lr, min_lr=lr / 10), f'{BASELINE} lr={lr:g}')
+                for lr in LEARNING_RATES[scale] for v in (BASELINE, 'resformer_identity')]
+    if suite == 'kv':
+        tokens = base['batch_size'] * base['block_size']
+        kv_variants = [(BASELINE, dict(variant=BASELINE)), ('svformer', dict(variant='svformer')),
+                       ('gqa', dict(variant=BASELINE, n_kv_head=base['n_head'] // 2)),
+                       ('svformer+gqa', dict(variant='svformer', n_kv_head=base['n_head'] // 2)),
+                       ('cla', dict(variant='cla'))]
+        return [(f'{label} T={T}', dict(settings, block_size=T, batch_size=tokens // T), f'{BASELINE} T={T}')
+                for T in SEQ_LENS[scale] for label, settings in kv_variants]
+    raise SystemExit(f"reproduce.py: unknown suite {suite!r}; choose one of: all, {', '.join(SUITES)}")
+
+
+def run_name(scale, settings):
+    """A file name from the settings that differ from the scale's, so equal runs get equal names."""
+    base = SCALES[scale]
+    changed = {k: v for k, v in settings.items() if base.get(k) != v}
+    keys = sorted(changed, key=lambda k: (k != 'variant', k == 'seed', k))  # variant first, seed last
+    return '_'.join([scale] + [f'{k}={changed[k]:g}' if isinstance(changed[k], float) else f'{k}={changed[k]}' for k in keys])
+
+
+def suite_runs(suite, scale, seeds):
+    """[(group label, run name, full settings)] for every group and seed."""
+    runs = []
+    for label, settings, _ in suite_groups(suite, scale):
+        for seed in seeds:
+            full = SCALES[scale] | settings | {'seed': seed}
+            runs.append((label, run_name(scale, settings | {'seed': seed}), full))
+    return runs
+
+
+# -----------------------------------------------------------------------------
+# running
+
+def train_command(settings, out_dir, resume):
+    args = [f'--{k}={v}' if isinstance(v, str) else f'--{k}={v!r}' for k, v in settings.items()]
+    return [sys.executable, str(REPO / 'train.py'), *args, f'--out_dir={out_dir}'] + (['--init_from=resume'] if resume else [])
+
+
+def run_one(settings, run_dir, summary_path, env):
+    """Train one run to its end (resuming from run_dir/ckpt.pt if it is there), then write its summary."""
+    resume = (run_dir / 'ckpt.pt').exists()
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)  # a run killed before its first checkpoint: nothing to keep
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seconds_path = run_dir / 'seconds'  # wall time over every attempt, resumed ones included
+    t0 = time.time()
+    with open(run_dir / 'train.out', 'a') as out:
+        result = subprocess.run(train_command(settings, run_dir, resume), cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    seconds = time.time() - t0 + (float(seconds_path.read_text()) if seconds_path.exists() else 0.0)
+    seconds_path.write_text(f'{seconds:.1f}')
+    if result.returncode != 0:
+        last = (run_dir / 'train.out').read_text().strip().splitlines()[-1:] or ['(no output)']
+        return f"exit {result.returncode}: {last[0][-300:]}"
+    summary = summarize(run_dir, settings, seconds)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
+    os.replace(summary_path.with_suffix('.tmp'), summary_path)
+    return None
+
+
+def summarize(run_dir, settings, seconds):
+    """The parts of a finished run the tables need: settings, the validation curve, sizes, λ and gradient norms."""
+    records = [json.loads(line) for line in open(run_dir / 'log.jsonl')]
+    curve = [[r['step'], r['val_loss']] for r in records if 'val_loss' in r]
+    grads = [r['grad_norms'] for r in records if 'grad_norms' in r]
+    lambdas = [r['lambdas'] for r in records if 'lambdas' in r]
+    checkpoint = torch.load(run_dir / 'ckpt.pt', map_location='cpu', weights_only=True)
+    with torch.device('meta'):
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+    cfg = model.config
+    return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1], 'params': model.num_params(),
+            # bytes of K and V cached per token of context, in 16-bit precision
+            'kv_bytes_per_token': sum(model.kv_slots) * cfg.n_kv_head * (cfg.n_embd // cfg.n_head) * 2,
+            'lambdas': lambdas[-1] if lambdas else None,
+            'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]} if grads else None,
+            'seconds': seconds}
+
+
+def run_suite(runs, runs_dir, results_dir, gpus, jobs):
+    """Train every run that has no summary yet: one per GPU when there are several, else `jobs` at a time on the
+    CPU, splitting its cores between them. Returns {run name: error} for the runs that failed."""
+    todo = list(dict.fromkeys(name for _, name, _ in runs if not (results_dir / 'runs' / f'{name}.json').exists()))
+    settings_of = {name: settings for _, name, settings in runs}
+    print(f"{len(set(settings_of)) - len(todo)} of {len(set(settings_of))} runs done; {len(todo)} to go", flush=True)
+    workers = gpus if gpus > 1 else jobs
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    envs = [dict(os.environ, CUDA_VISIBLE_DEVICES=str(w)) if gpus > 1 else dict(os.environ, OMP_NUM_THREADS=threads)
+            for w in range(workers)]
+    free_envs = queue.Queue()
+    for env in envs:
+        free_envs.put(env)
+    t_start = time.time()
+
+    def work(name):
+        env = free_envs.get()
+        try:
+            return name, run_one(settings_of[name], runs_dir / name, results_dir / 'runs' / f'{name}.json', env)
+        finally:
+            free_envs.put(env)
+    failures = {}
+    with ThreadPoolExecutor(workers) as pool:
+        for k, (name, error) in enumerate(pool.map(work, todo)):
+            print(f"[{k + 1}/{len(todo)}, {(time.time() - t_start) / 60:.0f} min] {name}: {error or 'done'}", flush=True)
+            if error:
+                failures[name] = error
+    return failures
+
+
+# -----------------------------------------------------------------------------
+# statistics (tested on synthetic logs in test_reproduce.py)
+
+def mean_std(xs):
+    """Mean and sample standard deviation (0 for a single value)."""
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+
+
+def paired_t(xs, baselines):
+    """Mean and std of the paired differences xs[i] - baselines[i], and the paired t-statistic (nan for n < 2)."""
+    diffs = [x - b for x, b in zip(xs, baselines)]
+    mean, std = mean_std(diffs)
+    t = mean / (std / math.sqrt(len(diffs))) if len(diffs) > 1 and std > 0 else float('nan')
+    return mean, std, t
+
+
+def mean_curve(curves):
+    """Pointwise mean of validation curves [[step, loss], ...] over the steps all of them share."""
+    steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
+    return [[s, sum(dict(map(tuple, c))[s] for c in curves) / len(curves)] for s in steps]
+
+
+def crossing_step(curve, target):
+    """First step at which a curve reaches loss <= target, linearly interpolated between evaluations; None if never."""
+    for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
+        if l0 <= target:
+            return s0
+        if l1 <= target:
+            return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)
+    return curve[-1][0] if curve and curve[-1][1] <= target else None
+
+
+def parameters_for_loss(points, loss):
+    """Parameters a model family needs to reach `loss`: piecewise-linear interpolation of its final loss against
+    log(parameters) through points [(params, loss)], extrapolated along the nearest segment. (params, extrapolated)."""
+    points = sorted(points)
+    for (n0, l0), (n1, l1) in zip(points, points[1:]):
+        if min(l0, l1) <= loss <= max(l0, l1) and l0 != l1:
+            return math.exp(math.log(n0) + (loss - l0) / (l1 - l0) * (math.log(n1) - math.log(n0))), False
+    (n0, l0), (n1, l1) = points[-2:] if loss < points[-1][1] else points[:2]
+    return math.exp(math.log(n0) + (loss - l0) / (l1 - l0) * (math.log(n1) - math.log(n0))), True
+
+
+# -----------------------------------------------------------------------------
+# reporting
+
+def load_groups(suite, scale, seeds, results_dir):
+    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order."""
+    groups = {}
+    for label, settings, baseline in suite_groups(suite, scale):
+        group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
+        for seed in seeds:
+            path = results_dir / 'runs' / f"{run_name(scale, settings | {'seed': seed})}.json"
+            if path.exists():
+                group['runs'].append(json.loads(path.read_text()))
+                group['seeds'].append(seed)
+    return groups
+
+
+def fmt(x, digits=4):
+    return '–' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
+
+
+def group_rows(groups):
+    """One row per group: the common table of every suite."""
+    rows = []
+    for label, group in groups.items():
+        if not group['runs']:
+            rows.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
+            continue
+        losses = [r['final_val_loss'] for r in group['runs']]
+        mean, std = mean_std(losses)
+        base = groups[group['baseline']]
+        paired = [(x, base['runs'][base['seeds'].index(s)]['final_val_loss'])
+                  for x, s in zip(losses, group['seeds']) if s in base['seeds']]
+        diff = paired_t(*zip(*paired)) if paired and label != group['baseline'] else None
+        cross = None
+        if base['runs']:
+            target = mean_std([r['final_val_loss'] for r in base['runs']])[0]
+            cross = crossing_step(mean_curve([r['curve'] for r in group['runs']]), target)
+        first = group['runs'][0]
+        minutes = sum(r['seconds'] for r in group['runs']) / 60
+        rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
+                    f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
+                    f"{'–' if diff is None else fmt(diff[2], 1)} | {'never' if cross is None else f'{cross:.0f}'} | "
+                    f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
+    return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
+            "step reaching the Transformer's final loss | parameters | KV bytes/token (16-bit) | minutes |",
+            "|---|---|---|---|---|---|---|---|---|"] + rows
+
+
+def lambda_rows(groups):
+    rows = []
+    for label, group in groups.items():
+        learned = [r['lambdas'] for r in group['runs'] if r['lambdas']]
+        if learned:
+            layers = range(len(learned[0]))
+            mean = [[sum(l[n][i] for l in learned) / len(learned) for i in (0, 1)] for n in layers]
+            rows.append(f"| {label} | " + ' | '.join(f'{a:.2f}, {b:.2f}' for a, b in mean) + ' |')
+    if not rows:
+        return []
+    n = rows[0].count('|') - 2
+    return ['', "Final λ per layer (weight on V1, weight on V_n), mean over seeds:", '',
+            '| group | ' + ' | '.join(f'layer {i + 1}' for i in range(n)) + ' |', '|---' * (n + 1) + '|'] + rows
+
+
+def scaling_rows(groups):
+    """The paper's two headline numbers at our scale: parameters and training tokens ResFormer saves."""
+    finals = {label: mean_std([r['final_val_loss'] for r in g['runs']])[0] for label, g in groups.items() if g['runs']}
+    transformer = [(groups[l]['runs'][0]['params'], finals[l]) for l in finals if l.startswith(BASELINE)]
+    rows = []
+    for label, group in groups.items():
+        if label.startswith(BASELINE) or label not in finals or group['baseline'] not in finals:
+            continue
+        params = group['runs'][0]['params']
+        matched, extrapolated = parameters_for_loss(transformer, finals[label]) if len(transformer) >= 2 else (None, False)
+        steps = crossing_step(mean_curve([r['curve'] for r in group['runs']]), finals[group['baseline']])
+        total = group['runs'][0]['settings']['max_iters']
+        rows.append(f"| {label} | {params:,} | {finals[label]:.4f} | "
+                    f"{'–' if matched is None else f'{matched:,.0f}'}{' (extrapolated)' if extrapolated else ''} | "
+                    f"{'–' if matched is None else f'{100 * (1 - params / matched):.1f}%'} | "
+                    f"{'–' if steps is None else f'{100 * (1 - steps / total):.1f}%'} |")
+    return ['', "Savings at equal validation loss. *Parameters*: the Transformer's final loss is interpolated piecewise "
+            "linearly against log(parameters) across our sizes, to find the size a Transformer would need to match "
+            "ResFormer's loss; saving = 1 − ResFormer's size / that size. *Tokens*: the step at which ResFormer's "
+            "mean validation curve first reaches the same-size Transformer's final loss (linear between evaluations, "
+            "inside one cosine schedule, so this understates what a shorter schedule would need); saving = 1 − "
+            "that step / total steps. The paper: 16.1% parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
+            '| ResFormer group | parameters | final loss | Transformer parameters for that loss | parameter saving | '
+            'token saving |', '|---|---|---|---|---|---|'] + rows
+
+
+def grad_rows(groups):
+    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, ResFormer against Transformer at each learning rate."""
+    def norms(group, key):
+        values = [sum(v for k, v in r['mean_grad_norms'].items() if key(k)) / sum(1 for k in r['mean_grad_norms'] if key(k))
+                  for r in group['runs'] if r['mean_grad_norms']]
+        return sum(values) / len(values) if values else None
+    rows = []
+    for label, group in groups.items():
+        base = groups[group['baseline']]
+        if label == group['baseline'] or not group['runs'] or not base['runs']:
+            continue
+        ratios = []
+        for key in (lambda k: k == 'blocks.0.attn.c_v.weight', lambda k: k == 'blocks.0.attn.c_proj.weight',
+                    lambda k: k.endswith('attn.c_proj.weight')):
+            ours, theirs = norms(group, key), norms(base, key)
+            ratios.append(f'{ours:.3f} / {theirs:.3f} = {ours / theirs:.2f}×' if ours and theirs else '–')
+        rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
+    return ['', "Gradient norms before clipping, averaged over every logged step and seed: ResFormer / Transformer "
+            "(the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
+            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers |", '|---|---|---|---|'] + rows
+
+
+def kv_rows(groups):
+    """Sec. 4.6: the loss against KV-cache size, and how SVFormer's gap to the Transformer changes with length."""
+    rows = []
+    for label, group in groups.items():
+        if group['runs'] and label != group['baseline'] and groups[group['baseline']]['runs']:
+            base = groups[group['baseline']]
+            gap = (mean_std([r['final_val_loss'] for r in group['runs']])[0]
+                   - mean_std([r['final_val_loss'] for r in base['runs']])[0])
+            ratio = group['runs'][0]['kv_bytes_per_token'] / base['runs'][0]['kv_bytes_per_token']
+            rows.append(f"| {label} | {ratio:.3f} | {gap:+.4f} |")
+    return ['', "KV cache against the same-length Transformer, and the loss gap (mean final loss − Transformer's):", '',
+            '| group | KV bytes ratio | loss gap |', '|---|---|---|'] + rows
+
+
+def plot(suite, groups, out_dir):
+    """PNG plots, when matplotlib is installed: validation curves, and each suite's own view."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    done = {label: g for label, g in groups.items() if g['runs']}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, group in done.items():
+        curve = mean_curve([r['curve'] for r in group['runs']])
+        ax.plot([s for s, _ in curve[1:]], [l for _, l in curve[1:]], label=label, lw=1)
+    ax.set(xlabel='step', ylabel='validation loss (mean over seeds)', title=f'{suite}: validation curves')
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out_dir / 'curves.png', dpi=120)
+    plt.close(fig)
+    names = ['curves.png']
+    if suite in ('scaling', 'lr', 'kv'):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        series = {}
+        for label, group in done.items():
+            family = label.split(' ')[0]
+            x = {'scaling': group['runs'][0]['params'], 'lr': group['runs'][0]['settings']['learning_rate'],
+                 'kv': group['runs'][0]['kv_bytes_per_token']}[suite]
+            if suite == 'kv':
+                family = label  # one point per variant and length
+            mean, std = mean_std([r['final_val_loss'] for r in group['runs']])
+            series.setdefault(family, []).append((x, mean, std))
+        for family, points in series.items():
+            points.sort()
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker='o',
+                        label=family, capsize=3)
+        ax.set_xscale('log')
+        ax.set(xlabel={'scaling': 'parameters', 'lr': 'peak learning rate', 'kv': 'KV bytes per token'}[suite],
+               ylabel='final validation loss', title=suite)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out_dir / f'{suite}.png', dpi=120)
+        plt.close(fig)
+        names.append(f'{suite}.png')
+    return names
+
+
+def write_report(suite, scale, seeds, results_dir):
+    groups = load_groups(suite, scale, seeds, results_dir)
+    out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = SCALES[scale]
+    lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
+             f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` from the run "
+             f"summaries in `results/runs/`. Shared settings: " + ', '.join(f'{k}={v}' for k, v in base.items()) +
+             f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the same seed and "
+             "settings; 'minutes' is wall time summed over the group's runs.", ''] + group_rows(groups)
+    lines += lambda_rows(groups)
+    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
+    lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
+    (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
+    return out_dir / 'README.md'
+
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('suite', help=f"all, or one of: {', '.join(SUITES)}")
+    parser.add_argument('--scale', default='cpu', choices=list(SCALES))
+    parser.add_argument('--seeds', type=int, default=3, help='seeds per group (1337, 1338, ...)')
+    parser.add_argument('--runs_dir', default='out/reproduce', help='where runs train (checkpoints; not committed)')
+    parser.add_argument('--results_dir', default='results', help='run summaries and suite reports (committed)')
+    parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(), help='runs in parallel, one per GPU')
+    parser.add_argument('--jobs', type=int, default=1, help='runs in parallel on a CPU, sharing its cores')
+    parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
+    parser.add_argument('--dry_run', action='store_true', help='list the runs and whether each is done')
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"reproduce.py: --jobs={args.jobs}; use at least 1")
+    if args.seeds < 1:
+        raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
+    suites = SUITES if args.suite == 'all' else [args.suite]
+    seeds = [1337 + k for k in range(args.seeds)]
+    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir
+    failures = {}
+    for suite in suites:
+        runs = suite_runs(suite, args.scale, seeds)
+        if args.dry_run:
+            for label, name, _ in runs:
+                done = (results_dir / 'runs' / f'{name}.json').exists()
+                print(f"{'done' if done else 'todo'}  {suite}: {label}  ({name})")
+            continue
+        if not args.report_only:
+            print(f"suite {suite} ({args.scale}):")
+            failures |= run_suite(runs, runs_dir, results_dir, args.gpus, args.jobs)
+        print(f"wrote {write_report(suite, args.scale, seeds, results_dir).relative_to(REPO)}")
+    if failures:
+        raise SystemExit(f"reproduce.py: {len(failures)} run(s) failed, see <runs_dir>/<name>/train.out: "
+                         + '; '.join(f'{n}: {e}' for n, e in failures.items()))
+
+
+if __name__ == '__main__':
+    main()
