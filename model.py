@@ -591,10 +591,10 @@ def load_checkpoint(path, device='cpu'):
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
     except Exception:  # truncated, or not written by torch.save (never retry with weights_only=False: it runs code)
-        raise SystemExit(f"{path} is not a checkpoint written by train.py, or it is truncated; "
+        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by train.py; "
                          f"re-train or point to another checkpoint") from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
-        raise SystemExit(f"{path} is not a checkpoint written by train.py (no model or model_args in it)")
+        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py (no model or model_args)")
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
