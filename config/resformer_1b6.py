@@ -1,10 +1,11 @@
 # Fig. 2 (model scaling), the 1.6B point: Transformer vs Identity ResFormer, mean validation loss over the
 # 7 SlimPajama domains after 10,000 steps of 2M tokens (20B tokens).
 # Model: an INFERRED shape: the paper's 1.6B shape is not published in what we found;
-# 24 layers, 16 heads, d 2048, SwiGLU 7168 gives 1.67B parameters (1.6B with the paper's vocabulary).
-# Paper: not restated here (read it off the paper's Fig. 2). Across 82M-1.6B the paper reads off Fig. 2 that ResFormer matches the
-# Transformer's loss with 16.11% fewer parameters and 20.3% less training data (v3 of the paper: 10.4%, 13.6%);
-# the data saving comes from the loss-vs-tokens curves, i.e. the val_loss logged every 1000 steps.
+# 24 layers, 16 heads, d 2048, SwiGLU 7168 gives 1.67B parameters (with either vocabulary).
+# Paper: this point's losses are not restated here.
+# Across 82M-1.6B the paper reads off Fig. 2 that ResFormer matches the Transformer's loss with 16.11% fewer
+# parameters and 20.3% less training data (v3 of the paper: 10.4% and 13.6%); the data saving comes from the
+# loss-vs-tokens curves, i.e. the val_loss that train.py logs every 1000 steps.
 # Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/fig2_vanilla_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/fig2_resformer_1b6
