@@ -8,59 +8,25 @@ the attention *values*: layer n > 1 mixes layer 1's values V1 into its own befor
 
 with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transformer, (0.5, 0.5) Identity
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
-cache no values). The paper's baselines (NeuTRENO, DenseFormer, CLA, GQA/MQA) are flags here too.
+cache no values). The paper's baselines (NeuTRENO, DenseFormer, CLA, GQA/MQA) and its Sec. 4.4
+ablations (residual from V2, on queries, keys, the attention matrix or the hidden state, mapped
+through layer 1's attention) are flags here too.
 Layers are 0-based in the code and 1-based in the paper: the code's `layer 0` is the paper's V1.
+
+Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention (the paper's equation
+and its ablations); Block and GPT (where V1 is taken and handed on, and the λ table); then the
+plumbing: MLP, RoPE, the attention kernels, the KV cache, the named variants and config checks,
+checkpoint loading.
 """
 
 import math
 import re
+from collections import namedtuple
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-# Named rows of the paper's variant tables (SPEC.md). Each sets these flags; λ rows come from `variant_lambdas`.
-VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer', 'share_kv')
-VARIANTS = {
-    'vanilla': {},
-    'resformer_identity': dict(value_residual=True),
-    'resformer_constant': dict(value_residual=True),
-    'resformer_sparse': dict(value_residual=True),
-    'resformer_learnable': dict(value_residual=True, lambda_mode='learnable'),
-    'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
-    'svformer': dict(value_residual=True),
-    'neutreno': dict(neutreno_lambda=0.4),
-    'neutreno_resformer': dict(value_residual=True, neutreno_lambda=0.2),
-    'denseformer': dict(denseformer=True),
-    'cla': dict(share_kv='kv'),
-    'share_k': dict(share_kv='k'),
-    'share_v': dict(share_kv='v'),
-}
-
-
-def variant_lambdas(variant, n_layer):
-    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; row 0 is layer 1, unchanged."""
-    later = n_layer - 1
-    if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
-        rows = [(0.5, 0.5)] * later                      # official code: 0.5 V1 + 0.5 V_n
-    elif variant == 'resformer_constant':
-        rows = [(2.0, 1.0)] * later
-    elif variant == 'resformer_sparse':
-        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5, the paper's best sparse setting)
-        first = n_layer - (3 * n_layer) // 8
-        rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in range(1, n_layer)]
-    elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond "stronger
-        # for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight.
-        logits = [n / max(later - 1, 1) for n in range(later)]
-        total = sum(math.exp(z) for z in logits)
-        rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
-    elif variant == 'svformer':
-        rows = [(1.0, 0.0)] * later                      # U_n = A_n V1: no W_V in layers n > 1
-    else:
-        return None
-    return ((0.0, 1.0),) + tuple(rows)
 
 
 @dataclass
@@ -90,15 +56,27 @@ class GPTConfig:
     variant: str = 'custom'
     """A name from VARIANTS that sets the flags below, or 'custom' to set them yourself."""
     value_residual: bool = False
-    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer)."""
+    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer);
+    residual_source, residual_type and value_mapping below change what is mixed, and where."""
     lambdas: tuple = None
-    """(n_layer, 2) rows (weight on V1, weight on V_n); row 0 must be (0, 1). None = Identity (0.5, 0.5).
-    A layer whose fixed weight on V_n is 0 has no value projection (SVFormer)."""
+    """(n_layer, 2) rows (weight on V1, weight on V_n); rows up to residual_source must be (0, 1).
+    None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 has no value projection (SVFormer)."""
     lambda_mode: str = 'fixed'
     """'fixed' (λ as given), 'learnable' (λ initialised from `lambdas`), or 'plus' (Learnable-Plus:
     λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
     value_rescale: bool = False
     """Post-residual rescaling, our reading of the paper: use V'_n / (λ_{n,1} + λ_{n,2})."""
+    residual_source: int = 0
+    """The 0-based layer later layers take the residual from (Sec. 4.4): 0 = V1 (the paper), 1 = V2.
+    Layers up to it are unchanged. With residual_type='hidden' it names the layer whose *input* is
+    taken: 0 = H0 (the embedding), 1 = H1 (block 1's output)."""
+    residual_type: str = 'value'
+    """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query'
+    (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
+    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the paper's "hidden residual")."""
+    value_mapping: str = 'current'
+    """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)) or 'first'
+    (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)."""
     neutreno_lambda: float = 0.0
     """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off. Needs n_kv_head = n_head."""
     denseformer: bool = False
@@ -107,64 +85,18 @@ class GPTConfig:
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
 
     def __post_init__(self):
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        if self.ffn_hidden is None:
-            self.ffn_hidden = round(3.5 * self.n_embd)
-        if self.lambdas is not None:
-            try:
-                self.lambdas = tuple((float(a), float(b)) for a, b in self.lambdas)
-            except (TypeError, ValueError):
-                raise ValueError(f"lambdas must be {self.n_layer} pairs (weight on V1, weight on V_n), got {self.lambdas!r}") from None
-        if self.variant != 'custom':
-            self._apply_variant()
-        if self.value_residual and self.lambdas is None:
-            self.lambdas = variant_lambdas('resformer_identity', self.n_layer)
-        self._check()
+        resolve_config(self)  # defaults, the named variant's flags, and a one-line ValueError for any bad setting
 
-    def _apply_variant(self):
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown variant {self.variant!r}; choose one of: custom, {', '.join(VARIANTS)}")
-        defaults = {f.name: f.default for f in fields(self)}
-        preset = {k: defaults[k] for k in VARIANT_FLAGS} | VARIANTS[self.variant]
-        preset['lambdas'] = variant_lambdas(self.variant, self.n_layer)
-        for k, value in preset.items():
-            if getattr(self, k) not in (defaults[k], value):
-                raise ValueError(f"variant={self.variant!r} sets {k}={value!r}, but {k}={getattr(self, k)!r} was given; "
-                                 f"use variant='custom' to set it yourself")
-            setattr(self, k, value)
-
-    def _check(self):
-        def need(ok, message):
-            if not ok:
-                raise ValueError(message)
-        need(self.n_layer >= 1 and self.n_head >= 1 and self.n_kv_head >= 1, "n_layer, n_head and n_kv_head must be >= 1")
-        need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        need((self.n_embd // self.n_head) % 2 == 0, f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
-        need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
-        need(self.lambda_mode in ('fixed', 'learnable', 'plus'), f"lambda_mode={self.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
-        need(self.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={self.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
-        need(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
-        if not self.value_residual:
-            need(self.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
-            need(self.lambda_mode == 'fixed', f"lambda_mode={self.lambda_mode!r} needs value_residual=True")
-            need(not self.value_rescale, "value_rescale needs value_residual=True")
-        else:
-            need(self.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
-            need(len(self.lambdas) == self.n_layer, f"lambdas must have shape ({self.n_layer}, 2), got {len(self.lambdas)} rows")
-            need(self.lambdas[0] == (0.0, 1.0), f"lambdas[0] must be (0, 1): layer 1 is unchanged, got {self.lambdas[0]}")
-            need(self.share_kv not in ('v', 'kv'), f"share_kv={self.share_kv!r} shares V across layers, which value_residual "
-                                                    "also redefines (SVFormer already shares V1); use share_kv='k' or 'none'")
-            if self.lambda_mode == 'plus':
-                need(all(a > 0 for a, _ in self.lambdas[1:]), "lambda_mode='plus' needs every lambdas[n][0] > 0 (it is λ·softmax)")
-            if self.value_rescale:
-                need(all(a + b != 0 for a, b in self.lambdas[1:]), "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
-        if self.neutreno_lambda:
-            need(self.n_kv_head == self.n_head, "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    def mixes(self, layer):
+        """What layer `layer` mixes in from the source layer: None, 'query', 'key', 'value', 'attention',
+        'output' (the value residual mapped by the source's own attention) or 'hidden'."""
+        if not self.value_residual or layer <= self.residual_source:
+            return None
+        return 'output' if self.residual_type == 'value' and self.value_mapping == 'first' else self.residual_type
 
     def owns_value_proj(self, layer):
         """SVFormer rule: a layer whose fixed weight on its own V_n is 0 needs no W_V (and caches no values)."""
-        svformer_layer = self.value_residual and self.lambda_mode == 'fixed' and layer > 0 and self.lambdas[layer][1] == 0.0
+        svformer_layer = self.mixes(layer) == 'value' and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
         return not svformer_layer and not self.shares_prev(layer, 'v')
 
     def shares_prev(self, layer, what):
@@ -172,60 +104,9 @@ class GPTConfig:
         return layer % 2 == 1 and self.share_kv in (what, 'kv')
 
 
-class KVCache:
-    """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
-    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per pair."""
-
-    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
-        self.k = [None] * n_k_slots
-        self.v = [None] * n_v_slots
-        self.max_seq_len = max_seq_len
-        self.pos = 0  # positions already cached; the model advances it after each forward
-
-    def store(self, slots, slot, new):
-        """Write new (B, heads, T, head_dim) entries at self.pos; return everything cached for this slot so far."""
-        B, H, T, D = new.shape
-        if slots[slot] is None:
-            slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
-        slots[slot][:, :, self.pos:self.pos + T] = new
-        return slots[slot][:, :, :self.pos + T]
-
-    def reset(self):
-        self.pos = 0
-
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
-
-
-def rope_table(head_dim, max_len, theta):
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-    angles = torch.outer(torch.arange(max_len).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate-half RoPE (Llama convention) on x of shape (B, T, heads, head_dim)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def attention(q, k, v, dropout_p, stats):
-    """softmax(QK^T/sqrt(d)) V with a causal mask; q (B, H, T, D), k and v (B, H_kv, T_k, D) with T_k >= T."""
-    T, T_k = q.size(2), k.size(2)
-    if stats is None:
-        # SDPA's is_causal aligns the mask top-left, which is wrong for a chunk appended to a cache: build it then.
-        mask = None if T == 1 or T == T_k else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=1 < T == T_k,
-                                              enable_gqa=k.size(1) != q.size(1))
-    # analysis path: an explicit softmax, so the attention probabilities can be recorded
-    group = q.size(1) // k.size(1)
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
-    probs = scores.masked_fill(~causal, float('-inf')).softmax(dim=-1)
-    stats['attn'].append(probs)
-    return F.dropout(probs, dropout_p) @ v
+# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over every
+# cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly; out, U = attn·v before W_O.
+Heads = namedtuple('Heads', 'q k v attn out')
 
 
 class CausalSelfAttention(nn.Module):
@@ -240,54 +121,64 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False) if config.owns_value_proj(layer) else None
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.shares_v = config.shares_prev(layer, 'v')
-        self.mixes_v1 = config.value_residual and layer > 0
-        self.neutreno_lambda = config.neutreno_lambda if layer > 0 else 0.0
+        self.mixes = config.mixes(layer)
+        # the attention-matrix residual needs A as a tensor, in the source layer and in every layer mixing it in
+        self.explicit_softmax = config.value_residual and config.residual_type == 'attention' \
+            and layer >= config.residual_source
+        self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
 
-    def forward(self, x, rope, lam, v1, prev_kv, kv_cache, stats):
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
+        """x (B, T, C) -> (output (B, T, C), this layer's Heads). lam: this layer's (λ1, λ2); source: the Heads of
+        the residual's source layer (V1's layer), None up to it; prev: the previous layer's Heads (for CLA)."""
         B, T, C = x.shape
         q = apply_rope(self.c_q(x).view(B, T, self.n_head, self.head_dim), *rope).transpose(1, 2)
+        if self.mixes == 'query':
+            q = lam[0] * source.q + lam[1] * q  # Sec. 4.4 query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
         if self.c_k is None:
-            k = prev_kv[0]  # CLA / share-K: the previous layer's keys
+            k = prev.k  # CLA / share-K: the previous layer's keys
         else:
             k = apply_rope(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), *rope).transpose(1, 2)
+            if self.mixes == 'key':
+                k = lam[0] * source.k[:, :, -T:] + lam[1] * k  # Sec. 4.4 key residual, K'_n = λ1 K1 + λ2 K_n
             if kv_cache is not None:
                 k = kv_cache.store(kv_cache.k, self.k_slot, k)
         if self.shares_v:
-            v = prev_kv[1]  # CLA / share-V: the previous layer's values
+            v = prev.v  # CLA / share-V: the previous layer's values
         elif self.c_v is None:
-            v = lam[0] * v1  # SVFormer (Sec. 3): U_n = A_n V1, so this layer caches nothing of its own
+            # SVFormer (Sec. 3): U_n = A_n V1. Such a layer has no values of its own, so it reads the whole of V1,
+            # every cached position included. A ResFormer layer (below) instead mixes only V1's newest T rows into
+            # its new V_n, because its own cache already holds the mixed V'_n of all earlier positions.
+            v = lam[0] * source.v
         else:
             v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if self.mixes_v1:
+            if self.mixes == 'value':
                 # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
                 # repetition; V1 is not detached, so every layer trains layer 1's W_V.
-                v = lam[0] * v1[:, :, -T:] + lam[1] * v
+                v = lam[0] * source.v[:, :, -T:] + lam[1] * v
             if kv_cache is not None:
                 v = kv_cache.store(kv_cache.v, self.v_slot, v)  # a ResFormer layer caches its mixed V'_n
+        dropout = self.dropout if self.training else 0.0
+        attn = None
+        if self.explicit_softmax or stats is not None:
+            attn = attention_probs(q, k)
+            if self.mixes == 'attention':
+                attn = lam[0] * source.attn + lam[1] * attn  # Sec. 4.4 attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
+            y = F.dropout(attn, dropout) @ v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        else:
+            y = attention(q, k, v, dropout)
+        if self.mixes == 'output':
+            y = lam[0] * source.out + lam[1] * y  # Sec. 4.4 mapping by layer 1's attention, λ1 A1 V1 + λ2 A_n V_n
+        if self.neutreno_lambda:
+            y = y + self.neutreno_lambda * (source.v[:, :, -T:] - v[:, :, -T:])  # NeuTRENO: U_n += λ (V1 - V'_n)
         if stats is not None:
+            stats['attn'].append(attn)
             stats['keys'].append(k)
             stats['values'].append(v)
-        y = attention(q, k, v, self.dropout if self.training else 0.0, stats)
-        if self.neutreno_lambda:
-            y = y + self.neutreno_lambda * (v1[:, :, -T:] - v[:, :, -T:])  # NeuTRENO: U_n += λ (V1 - V'_n)
+        heads = Heads(q, k, v, attn, y)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return F.dropout(self.c_proj(y), self.dropout, self.training), (k, v)
-
-
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.c_gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
-        self.c_up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
-        self.c_down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
-        self.dropout = config.dropout
-
-    def forward(self, x):
-        return F.dropout(self.c_down(F.silu(self.c_gate(x)) * self.c_up(x)), self.dropout, self.training)
+        return F.dropout(self.c_proj(y), self.dropout, self.training), heads
 
 
 class Block(nn.Module):
@@ -299,10 +190,10 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, lam, v1, prev_kv, kv_cache, stats):
-        y, kv = self.attn(self.norm_attn(x), rope, lam, v1, prev_kv, kv_cache, stats)
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
+        y, heads = self.attn(self.norm_attn(x), rope, lam, source, prev, kv_cache, stats)
         x = x + y
-        return x + self.mlp(self.norm_mlp(x)), kv
+        return x + self.mlp(self.norm_mlp(x)), heads
 
 
 class GPT(nn.Module):
@@ -310,15 +201,17 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        L = config.n_layer
+        L, s = config.n_layer, config.residual_source
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(L))
         self.norm_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        # λ for layers 2..L (layer 1 is unchanged). 1-D tensors, so configure_optimizers never decays them.
-        later = torch.tensor(config.lambdas[1:] if config.value_residual else [(0.0, 1.0)] * (L - 1)).view(L - 1, 2)
+        # λ for the layers after the source (layers up to it are unchanged). 1-D tensors, so configure_optimizers
+        # never decays them.
+        later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
+        later = later.view(L - 1 - s, 2)
         if config.lambda_mode == 'fixed':
             self.register_buffer('lambdas_fixed', later, persistent=False)
         elif config.lambda_mode == 'learnable':
@@ -349,7 +242,7 @@ class GPT(nn.Module):
 
     @property
     def lambdas(self):
-        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; row 0 (layer 1) is (0, 1)."""
+        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; rows up to the source are (0, 1)."""
         if self.config.lambda_mode == 'fixed':
             later = self.lambdas_fixed
         elif self.config.lambda_mode == 'learnable':
@@ -358,7 +251,8 @@ class GPT(nn.Module):
             later = torch.stack([self.lambda_scale * self.lambda_logits.softmax(0), self.lambda_vn], dim=1)
         if self.config.value_rescale:
             later = later / later.sum(dim=1, keepdim=True)  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
-        return torch.cat([later.new_tensor([[0.0, 1.0]]), later])
+        unchanged = later.new_tensor([[0.0, 1.0]]).expand(self.config.residual_source + 1, 2)
+        return torch.cat([unchanged, later])
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
@@ -372,14 +266,19 @@ class GPT(nn.Module):
         if stats is not None:
             stats.update(attn=[], keys=[], values=[], hidden=[])
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
-        lambdas = self.lambdas
+        lambdas = self.lambdas  # computed once per forward: learnable λ are a softmax or a stack
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
         block_outputs = [x]
-        v1 = kv = None
+        s = self.config.residual_source
+        source = prev = None
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, rope, lambdas[i], v1, kv, kv_cache, stats)
-            if i == 0:
-                v1 = kv[1]  # V1, all cached positions included, for every later layer
+            if i == s:
+                h_source = x  # H_s, the input of the source block (H0 = the embedding)
+            elif self.config.mixes(i) == 'hidden':
+                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # Sec. 4.4 hidden residual: x_n <- λ1 H_s + λ2 x_n
+            x, prev = block(x, rope, lambdas[i], source, prev, kv_cache, stats)
+            if i == s:
+                source = prev  # V1 (and Q1, K1, A1, U1), all cached positions included, for every later layer
             if self.dwa is not None:
                 block_outputs.append(x)
                 x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))  # DenseFormer depth-weighted average
@@ -462,18 +361,247 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8, fused=device_type == 'cuda')
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Building blocks: the MLP, RoPE and the two ways to compute attention.
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.c_up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.c_down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        return F.dropout(self.c_down(F.silu(self.c_gate(x)) * self.c_up(x)), self.dropout, self.training)
+
+
+def rope_table(head_dim, max_len, theta):
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(max_len).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE (Llama convention) on x of shape (B, T, heads, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attention(q, k, v, dropout_p):
+    """softmax(QK^T/sqrt(d)) V with a causal mask through SDPA's fused kernels; q (B, H, T, D), k and v
+    (B, H_kv, T_k, D) with T_k >= T, the last T of them at q's positions."""
+    T, T_k = q.size(2), k.size(2)
+    # SDPA's is_causal aligns the mask top-left, which is wrong for a chunk appended to a cache: build it then.
+    mask = None if T == 1 or T == T_k else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=1 < T == T_k,
+                                          enable_gqa=k.size(1) != q.size(1))
+
+
+def attention_probs(q, k):
+    """The causal attention matrix softmax(QK^T/sqrt(d)) as a tensor (B, H, T, T_k): for the attention-matrix
+    residual and for analysis, which need A itself rather than A·V."""
+    T, T_k = q.size(2), k.size(2)
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    return scores.masked_fill(~causal, float('-inf')).softmax(dim=-1)
+
+
+class KVCache:
+    """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
+    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per pair.
+    Every residual of Sec. 4.4 works with it: later layers read the source layer's newest rows (and a key or
+    value residual caches the mixed K'_n / V'_n), so nothing beyond K and V needs keeping."""
+
+    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+        self.k = [None] * n_k_slots
+        self.v = [None] * n_v_slots
+        self.max_seq_len = max_seq_len
+        self.pos = 0  # positions already cached; the model advances it after each forward
+
+    def store(self, slots, slot, new):
+        """Write new (B, heads, T, head_dim) entries at self.pos; return everything cached for this slot so far."""
+        B, H, T, D = new.shape
+        if slots[slot] is None:
+            slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
+        slots[slot][:, :, self.pos:self.pos + T] = new
+        return slots[slot][:, :, :self.pos + T]
+
+    def reset(self):
+        self.pos = 0
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The named variants of the paper's tables, and the checks behind GPTConfig's one-line errors.
+
+# Each named variant sets these flags; its λ rows come from `variant_lambdas`.
+VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer', 'share_kv')
+VARIANTS = {
+    'vanilla': {},
+    'resformer_identity': dict(value_residual=True),
+    'resformer_constant': dict(value_residual=True),
+    'resformer_sparse': dict(value_residual=True),
+    'resformer_learnable': dict(value_residual=True, lambda_mode='learnable'),
+    'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
+    'svformer': dict(value_residual=True),
+    'neutreno': dict(neutreno_lambda=0.4),
+    'neutreno_resformer': dict(value_residual=True, neutreno_lambda=0.2),
+    'denseformer': dict(denseformer=True),
+    'cla': dict(share_kv='kv'),
+    'share_k': dict(share_kv='k'),
+    'share_v': dict(share_kv='v'),
+}
+
+
+def variant_lambdas(variant, n_layer, source=0):
+    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; rows up to the source
+    layer (0 = layer 1) are (0, 1), unchanged. Values: the official code (Identity 0.5/0.5, NeuTRENO+ResFormer),
+    the paper's text (SVFormer: V1 alone; Constant: λ = 2; Sparse: best at layers 6-8 of 8 with λ1 = 5)."""
+    later = range(source + 1, n_layer)
+    if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
+        rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
+    elif variant == 'resformer_constant':
+        rows = [(2.0, 1.0) for _ in later]
+    elif variant == 'resformer_sparse':
+        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5, the paper's best sparse setting)
+        first = n_layer - (3 * n_layer) // 8
+        rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
+    elif variant == 'resformer_learnable_plus':
+        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond "stronger
+        # for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight.
+        logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
+        total = sum(math.exp(z) for z in logits)
+        rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
+    elif variant == 'svformer':
+        rows = [(1.0, 0.0) for _ in later]                 # U_n = A_n V1: no W_V in layers n > 1
+    else:
+        return None
+    return ((0.0, 1.0),) * (source + 1) + tuple(rows)
+
+
+def resolve_config(cfg):
+    """Fill in cfg's defaults, apply its named variant, and raise a one-line ValueError for an impossible setting."""
+    def need(ok, message):
+        if not ok:
+            raise ValueError(message)
+
+    def whole(value):  # a positive integer, and not a bool
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    def finite(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    for name in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size'):
+        need(whole(getattr(cfg, name)), f"{name} must be a positive integer, got {getattr(cfg, name)!r}")
+    for name in ('n_kv_head', 'ffn_hidden'):
+        value = getattr(cfg, name)
+        need(value is None or whole(value), f"{name} must be a positive integer (or None for the default), got {value!r}")
+    if cfg.n_kv_head is None:
+        cfg.n_kv_head = cfg.n_head
+    if cfg.ffn_hidden is None:
+        cfg.ffn_hidden = round(3.5 * cfg.n_embd)
+    need(finite(cfg.rope_theta) and cfg.rope_theta > 0, f"rope_theta={cfg.rope_theta!r} must be a positive finite number")
+    need(finite(cfg.norm_eps) and cfg.norm_eps > 0, f"norm_eps={cfg.norm_eps!r} must be a positive finite number")
+    need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
+    need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
+    source = cfg.residual_source
+    need(isinstance(source, int) and not isinstance(source, bool) and (source == 0 or 0 < source < cfg.n_layer - 1),
+         f"residual_source={source!r} must be a layer index from 0 to {cfg.n_layer - 2}: a later layer must mix it in")
+    if cfg.lambdas is not None:
+        try:
+            cfg.lambdas = tuple((float(a), float(b)) for a, b in cfg.lambdas)
+        except (TypeError, ValueError):
+            raise ValueError(f"lambdas must be {cfg.n_layer} pairs (weight on V1, weight on V_n), got {cfg.lambdas!r}") from None
+        need(all(math.isfinite(w) for row in cfg.lambdas for w in row), f"lambdas must be finite numbers, got {cfg.lambdas}")
+    if cfg.variant != 'custom':
+        apply_variant(cfg)
+    if cfg.value_residual and cfg.lambdas is None:
+        cfg.lambdas = variant_lambdas('resformer_identity', cfg.n_layer, cfg.residual_source)
+    check_flags(cfg, need)
+
+
+def apply_variant(cfg):
+    """Set the flags of cfg's named variant; a flag given with another value is an error."""
+    if cfg.variant not in VARIANTS:
+        raise ValueError(f"unknown variant {cfg.variant!r}; choose one of: custom, {', '.join(VARIANTS)}")
+    defaults = {f.name: f.default for f in fields(cfg)}
+    preset = {k: defaults[k] for k in VARIANT_FLAGS} | VARIANTS[cfg.variant]
+    preset['lambdas'] = variant_lambdas(cfg.variant, cfg.n_layer, cfg.residual_source)
+    for k, value in preset.items():
+        if getattr(cfg, k) not in (defaults[k], value):
+            raise ValueError(f"variant={cfg.variant!r} sets {k}={value!r}, but {k}={getattr(cfg, k)!r} was given; "
+                             f"use variant='custom' to set it yourself")
+        setattr(cfg, k, value)
+
+
+def check_flags(cfg, need):
+    """Combinations of flags that cannot work, each with a one-line reason."""
+    s = cfg.residual_source
+    need(cfg.n_embd % cfg.n_head == 0, f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")
+    need((cfg.n_embd // cfg.n_head) % 2 == 0, f"head_dim={cfg.n_embd // cfg.n_head} must be even for RoPE")
+    need(cfg.n_head % cfg.n_kv_head == 0, f"n_head={cfg.n_head} is not divisible by n_kv_head={cfg.n_kv_head}")
+    need(cfg.lambda_mode in ('fixed', 'learnable', 'plus'), f"lambda_mode={cfg.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
+    need(cfg.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={cfg.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
+    need(cfg.residual_type in ('value', 'query', 'key', 'attention', 'hidden'),
+         f"residual_type={cfg.residual_type!r}; use 'value', 'query', 'key', 'attention' or 'hidden'")
+    need(cfg.value_mapping in ('current', 'first'), f"value_mapping={cfg.value_mapping!r}; use 'current' or 'first'")
+    need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
+         f"value_mapping='first' maps values, but residual_type={cfg.residual_type!r}; use residual_type='value'")
+    if cfg.neutreno_lambda:
+        need(cfg.n_kv_head == cfg.n_head, "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    if not cfg.value_residual:
+        need(cfg.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
+        need(cfg.lambda_mode == 'fixed', f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")
+        need(not cfg.value_rescale, "value_rescale needs value_residual=True")
+        need(cfg.residual_type == 'value' and cfg.value_mapping == 'current',
+             "residual_type and value_mapping choose what value_residual mixes; set value_residual=True")
+        need(s == 0 or cfg.neutreno_lambda, "residual_source needs value_residual=True or neutreno_lambda")
+        return
+    need(cfg.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
+    need(len(cfg.lambdas) == cfg.n_layer, f"lambdas must have shape ({cfg.n_layer}, 2), got {len(cfg.lambdas)} rows")
+    for n, row in enumerate(cfg.lambdas[:s + 1]):
+        need(row == (0.0, 1.0), f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")
+    if cfg.residual_type == 'value':
+        need(cfg.share_kv not in ('v', 'kv'), f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual "
+                                              "also redefines (SVFormer already shares V1); use share_kv='k' or 'none'")
+    if cfg.residual_type == 'key':
+        need(cfg.share_kv not in ('k', 'kv'), f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual "
+                                              "also redefines; use share_kv='v' or 'none'")
+    if cfg.lambda_mode == 'fixed' and (cfg.residual_type != 'value' or cfg.value_mapping != 'current'):
+        need(all(b != 0 for _, b in cfg.lambdas[s + 1:]), "a zero weight on the layer's own term leaves its projections "
+             f"untrained with residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the "
+             "value residual (SVFormer) drops them")
+    if cfg.lambda_mode == 'plus':
+        need(all(a > 0 for a, _ in cfg.lambdas[s + 1:]), "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
+    if cfg.value_rescale:
+        need(all(a + b != 0 for a, b in cfg.lambdas[s + 1:]), "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+
+
 def load_checkpoint(path, device='cpu'):
     """(model, checkpoint) from a checkpoint written by train.py; a missing or damaged file exits with one line."""
     try:
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    except FileNotFoundError:
+        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
+    except Exception:  # truncated, or not written by torch.save (never retry with weights_only=False: it runs code)
+        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by train.py; "
+                         f"re-train or point to another checkpoint") from None
+    if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
+        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py (no model or model_args)")
+    try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
         model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v for k, v in checkpoint['model'].items()})
-    except FileNotFoundError:
-        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py` or pass --out_dir") from None
-    except Exception as e:  # truncated file, not a checkpoint, or weights that do not fit the recorded architecture
+    except Exception as e:  # weights or settings that do not fit this version of the model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"checkpoint {path} is unreadable ({reason}); re-train or point to another checkpoint") from None
+        raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); re-train or point to another checkpoint") from None
     return model.to(device), checkpoint
 
 

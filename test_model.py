@@ -31,7 +31,24 @@ EXTRA_CASES = {
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
     'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
 }
-ALL_CASES = {name: dict(variant=name) for name in VARIANTS} | EXTRA_CASES
+# The Sec. 4.4 ablations, with hand-picked λ rows (so a swapped λ1/λ2 or a wrong source shows) and GQA where it applies.
+MIXED = [(0, 1), (0.7, 0.6), (0.3, 0.9), (-0.4, 1.5)]
+ABLATION_CASES = {
+    'source_v2': dict(variant='resformer_identity', residual_source=1),
+    'source_v2_svformer': dict(variant='svformer', residual_source=1, n_kv_head=2),
+    'source_v3_learnable_plus': dict(variant='resformer_learnable_plus', residual_source=2),
+    'query_residual': dict(value_residual=True, residual_type='query', lambdas=MIXED, n_kv_head=2),
+    'key_residual': dict(value_residual=True, residual_type='key', lambdas=MIXED, n_kv_head=2),
+    'attention_residual': dict(value_residual=True, residual_type='attention', lambdas=MIXED, n_kv_head=2),
+    'attention_residual_v2': dict(variant='resformer_identity', residual_type='attention', residual_source=1),
+    'mapping_first': dict(value_residual=True, value_mapping='first', lambdas=MIXED, n_kv_head=2),
+    'mapping_first_rescaled': dict(variant='resformer_constant', value_mapping='first', value_rescale=True),
+    'hidden_h0': dict(value_residual=True, residual_type='hidden', lambdas=MIXED),
+    'hidden_h1': dict(variant='resformer_identity', residual_type='hidden', residual_source=1),
+    'learnable_key_residual': dict(variant='resformer_learnable', residual_type='key'),
+    'neutreno_v2': dict(variant='neutreno', residual_source=1),
+}
+ALL_CASES = {name: dict(variant=name) for name in VARIANTS} | EXTRA_CASES | ABLATION_CASES
 
 
 def tiny_config(**kw):
@@ -85,13 +102,16 @@ def trainable(model):
 def naive_forward(state, cfg, idx):
     """Logits of `cfg`'s model with weights `state`, written from the paper's formulas with explicit loops
     over layers and heads and nothing from model.py. Supports fixed λ (value residual, SVFormer, rescaling),
-    NeuTRENO, GQA/MQA and cross-layer K/V sharing; not DenseFormer or learnable λ."""
+    the Sec. 4.4 ablations (source layer, query/key/attention-matrix/hidden residual, mapping by the source's
+    attention), NeuTRENO, GQA/MQA and cross-layer K/V sharing; not DenseFormer or learnable λ."""
     assert not cfg.denseformer and cfg.lambda_mode == 'fixed'
     W = {k: v.to(torch.float64) for k, v in state.items()}
     B, T = idx.shape
     d, H, H_kv, L = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.n_layer
     hd = d // H
     group = H // H_kv
+    s = cfg.residual_source   # the residual's source layer (0 = the paper's layer 1)
+    kind = cfg.residual_type if cfg.value_residual else None
 
     def rmsnorm(x, w):
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * w
@@ -110,34 +130,45 @@ def naive_forward(state, cfg, idx):
     def heads(x, n):  # (B, T, n*hd) -> list of n tensors (B, T, hd)
         return [x[..., j * hd:(j + 1) * hd] for j in range(n)]
 
+    def mix(lam, first, own):  # λ1·first + λ2·own, per head
+        return [lam[0] * f + lam[1] * o for f, o in zip(first, own)]
+
     x = W['wte.weight'][idx]
-    V1 = None          # layer 1's value heads (list of H_kv tensors)
+    src = {}           # the source layer's raw Q, K (before RoPE), V, attention probabilities, outputs, input
     K_prev = V_prev = None
     for n in range(L):
         p = f'blocks.{n}.'
+        lam = cfg.lambdas[n] if cfg.value_residual else (0.0, 1.0)
+        if cfg.value_rescale and n > s:
+            lam = (lam[0] / (lam[0] + lam[1]), lam[1] / (lam[0] + lam[1]))
+        mixing = n > s and kind is not None
+        if n == s:
+            src['H'] = x                                      # H_s: block s's input (H0 = the embedding)
+        elif mixing and kind == 'hidden':
+            x = lam[0] * src['H'] + lam[1] * x
         h = rmsnorm(x, W[p + 'norm_attn.weight'])
         Q = heads(h @ W[p + 'attn.c_q.weight'].T, H)
+        if mixing and kind == 'query':
+            Q = mix(lam, src['Q'], Q)
         # keys: own projection, or the previous layer's (CLA / share-K pairs (0,1), (2,3), ...)
         if p + 'attn.c_k.weight' in W:
-            K = [rope(k) for k in heads(h @ W[p + 'attn.c_k.weight'].T, H_kv)]
+            K_raw = heads(h @ W[p + 'attn.c_k.weight'].T, H_kv)
+            if mixing and kind == 'key':
+                K_raw = mix(lam, src['K'], K_raw)
+            K = [rope(k) for k in K_raw]
         else:
             assert n % 2 == 1 and cfg.share_kv in ('k', 'kv')
-            K = K_prev
-        # values: V'_n = λ1·V1 + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
-        lam1, lam2 = cfg.lambdas[n] if cfg.value_residual else (0.0, 1.0)
-        if cfg.value_rescale and n > 0:
-            lam1, lam2 = lam1 / (lam1 + lam2), lam2 / (lam1 + lam2)
+            K, K_raw = K_prev, None
+        # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
         if p + 'attn.c_v.weight' in W:
             Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
-            V = [lam1 * V1[j] + lam2 * Vn[j] for j in range(H_kv)] if (cfg.value_residual and n > 0) else Vn
+            V = mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current') else Vn
         elif cfg.share_kv in ('v', 'kv') and n % 2 == 1:
             V = V_prev
         else:
-            assert cfg.value_residual and n > 0 and lam2 == 0
-            V = [lam1 * V1[j] for j in range(H_kv)]
-        if n == 0:
-            V1 = V
-        outs = []
+            assert mixing and kind == 'value' and lam[1] == 0
+            V = [lam[0] * v for v in src['V']]
+        outs, probs_all = [], []
         for i in range(H):
             j = i // group                                   # query head i reads KV head j
             q = rope(Q[i])
@@ -145,10 +176,17 @@ def naive_forward(state, cfg, idx):
             scores = scores.masked_fill(~causal, float('-inf'))
             probs = torch.exp(scores - scores.max(-1, keepdim=True).values)
             probs = probs / probs.sum(-1, keepdim=True)
+            if mixing and kind == 'attention':
+                probs = lam[0] * src['A'][i] + lam[1] * probs
+            probs_all.append(probs)
             u = probs @ V[j]
-            if cfg.neutreno_lambda and n > 0:                  # NeuTRENO: U_n += λ (V1 - V'_n)
-                u = u + cfg.neutreno_lambda * (V1[j] - V[j])
+            if mixing and kind == 'value' and cfg.value_mapping == 'first':
+                u = lam[0] * src['U'][i] + lam[1] * u          # λ1 A_s V_s + λ2 A_n V_n
+            if cfg.neutreno_lambda and n > s:                  # NeuTRENO: U_n += λ (V_s - V'_n)
+                u = u + cfg.neutreno_lambda * (src['V'][j] - V[j])
             outs.append(u)
+        if n == s:
+            src.update(Q=Q, K=K_raw, V=V, A=probs_all, U=outs)
         x = x + torch.cat(outs, dim=-1) @ W[p + 'attn.c_proj.weight'].T
         h = rmsnorm(x, W[p + 'norm_mlp.weight'])
         gate, up = h @ W[p + 'mlp.c_gate.weight'].T, h @ W[p + 'mlp.c_up.weight'].T
@@ -196,6 +234,30 @@ def test_value_residual_with_lambda_0_1_is_exactly_vanilla():
     identity = GPT(tiny_config(variant='resformer_identity')).double().eval()
     identity.load_state_dict(vanilla.state_dict())
     assert (logits_of(identity, idx) - logits_of(vanilla, idx)).abs().max() > 1e-2
+
+
+def test_ablation_flags_default_to_the_paper():
+    """residual_source=0, residual_type='value', value_mapping='current' are the paper's ResFormer: the defaults."""
+    assert tiny_config(variant='resformer_identity', residual_source=0, residual_type='value',
+                       value_mapping='current') == tiny_config(variant='resformer_identity')
+
+
+@pytest.mark.parametrize('flags', [
+    dict(residual_type='query'), dict(residual_type='key'), dict(residual_type='attention'),
+    dict(residual_type='hidden'), dict(value_mapping='first'), dict(residual_source=1, residual_type='key'),
+    dict(residual_source=2, residual_type='hidden'),
+], ids=str)
+def test_every_residual_with_lambda_0_1_is_vanilla(flags):
+    """Each Sec. 4.4 residual with λ = (0, 1) everywhere adds no parameters and is the vanilla Transformer:
+    exactly, or to float64 rounding for the attention matrix (an explicit softmax instead of SDPA)."""
+    vanilla = tiny_model(variant='vanilla')
+    model = GPT(tiny_config(value_residual=True, lambdas=[(0, 1)] * 4, **flags)).double().eval()
+    model.load_state_dict(vanilla.state_dict())  # strict: no extra parameters
+    idx = random_tokens(vanilla)
+    if flags.get('residual_type') == 'attention':
+        torch.testing.assert_close(logits_of(model, idx), logits_of(vanilla, idx), rtol=0, atol=1e-12)
+    else:
+        assert torch.equal(logits_of(model, idx), logits_of(vanilla, idx))
 
 
 def test_neutreno_with_lambda_0_is_exactly_vanilla():
@@ -278,7 +340,8 @@ REFERENCE_CASES = {
     'tied': dict(variant='resformer_identity', tie_embeddings=True),
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
     'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
-}
+} | {name: kw for name, kw in ABLATION_CASES.items() if kw.get('variant') not in VARIANTS or
+     VARIANTS[kw['variant']].get('lambda_mode', 'fixed') == 'fixed'}
 
 
 @pytest.mark.parametrize('case', REFERENCE_CASES)
@@ -297,6 +360,32 @@ def test_naive_reference_is_sensitive_to_the_value_residual():
     as_identity = naive_forward(model.state_dict(), model.config, idx)
     as_vanilla = naive_forward(model.state_dict(), tiny_config(variant='vanilla'), idx)
     assert (as_identity - as_vanilla).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize('case', [c for c in ABLATION_CASES if c in REFERENCE_CASES])
+def test_each_ablation_flag_changes_the_model(case):
+    """Guard for the reference comparison: on the same weights and λ, the ablation (other source layer, other
+    residual type, other mapping) gives different logits from the paper's value residual from layer 1."""
+    model = tiny_model(**ABLATION_CASES[case])
+    cfg = model.config
+    paper = dataclasses.replace(cfg, variant='custom', residual_source=0, residual_type='value', value_mapping='current')
+    idx = random_tokens(model)
+    ablation, as_paper = naive_forward(model.state_dict(), cfg, idx), naive_forward(model.state_dict(), paper, idx)
+    assert (ablation - as_paper).abs().max() > 1e-2
+
+
+def test_fast_attention_kernel_for_every_preset(monkeypatch):
+    """Only the attention-matrix residual (and analysis) computes A explicitly; every named variant and every
+    other residual keeps SDPA's fused path."""
+    import model as model_module
+
+    def explicit(*args):
+        raise AssertionError('explicit softmax on the training path')
+    monkeypatch.setattr(model_module, 'attention_probs', explicit)
+    for name, kw in ALL_CASES.items():
+        if kw.get('residual_type') != 'attention':
+            model = GPT(tiny_config(**kw))
+            model(random_tokens(model))
 
 
 # ------------------------------------------------------------------------ V1 gradient and SVFormer layout
@@ -355,7 +444,8 @@ def test_incremental_decoding_matches_full_forward(case):
         model(idx[:, :1], kv_cache=cache)  # the cache is full
 
 
-@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa'])
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa',
+                                  *ABLATION_CASES])
 def test_greedy_generate_same_with_and_without_cache(case):
     """Greedy decoding gives the same tokens with and without the KV cache, also past block_size (16),
     where both crop the context to the last 16 tokens."""
@@ -390,6 +480,10 @@ def test_kv_cache_sizes():
     assert Fraction(cache_bytes(variant='cla', n_head=8), vanilla) == Fraction(1, 2)
     assert Fraction(cache_bytes(variant='share_k', n_head=8), vanilla) == Fraction(3, 4)
     assert Fraction(cache_bytes(variant='share_v', n_head=8), vanilla) == Fraction(3, 4)
+    # SVFormer from V2: layers 1 and 2 keep their values, so (L+2)/(2L); the other residuals cache like vanilla
+    assert Fraction(cache_bytes(variant='svformer', n_head=8, residual_source=1), vanilla) == Fraction(L + 2, 2 * L)
+    for kind in ('query', 'key', 'attention', 'hidden'):
+        assert cache_bytes(variant='resformer_identity', n_head=8, residual_type=kind) == vanilla
 
 
 # ----------------------------------------------------------------------------------- parameter counts
@@ -398,7 +492,7 @@ def test_kv_cache_sizes():
     (8, 8, 512, 1792, 82e6), (12, 12, 768, 2688, 180e6), (24, 16, 1024, 3584, 468e6)])
 def test_paper_model_sizes(layers, heads, d, ffn, target):
     """The paper's 82M / 180M / 468M shapes (vocab 50277, untied) have the reported sizes, and num_params
-    equals SPEC's formula 2·V·d + L·(4d² + 3·d·FFN) plus the RMSNorm gains (2 per layer + final)."""
+    equals the paper's count 2·V·d + L·(4d² + 3·d·FFN) plus the RMSNorm gains (2 per layer + final)."""
     V = 50277
     cfg = GPTConfig(n_layer=layers, n_head=heads, n_embd=d, vocab_size=V, block_size=2048)
     assert cfg.ffn_hidden == ffn  # the default FFN is 3.5 d
@@ -433,6 +527,18 @@ def test_lambdas_sparse_8_layers():
     lam = model.lambdas.tolist()
     assert [row[0] for row in lam] == [0, 0, 0, 0, 0, 5, 5, 5]
     assert [row[1] for row in lam] == [1] * 8
+
+
+def test_lambdas_from_a_later_source_leave_layers_up_to_it_unchanged():
+    """residual_source=2: rows 0-2 are (0, 1); the presets fill only the layers after it (Learnable-Plus's λ1
+    still sums to n_layer over them)."""
+    cfg = tiny_config(variant='resformer_identity', residual_source=2, n_layer=6)
+    assert cfg.lambdas == ((0.0, 1.0),) * 3 + ((0.5, 0.5),) * 3
+    plus = GPT(tiny_config(variant='resformer_learnable_plus', residual_source=1)).lambdas.detach()
+    assert plus[:2].tolist() == [[0.0, 1.0]] * 2
+    assert plus[2:, 0].sum().item() == pytest.approx(4.0) and plus[3, 0] > plus[2, 0]
+    svformer = GPT(tiny_config(variant='svformer', residual_source=1))
+    assert [block.attn.c_v is not None for block in svformer.blocks] == [True, True, False, False]
 
 
 def test_lambdas_value_rescale_divides_by_row_sum():
@@ -582,6 +688,39 @@ BAD_CONFIGS = {
     'unknown lambda_mode': dict(value_residual=True, lambda_mode='adaptive'),
     'unknown share_kv': dict(share_kv='q'),
     'zero heads': dict(n_head=0),
+    'fractional n_kv_head': dict(n_kv_head=2.5),
+    'fractional n_head': dict(n_head=2.5),
+    'n_layer as text': dict(n_layer='4'),
+    'n_embd as bool': dict(n_embd=True),
+    'zero block_size': dict(block_size=0),
+    'negative vocab_size': dict(vocab_size=-64),
+    'zero ffn_hidden': dict(ffn_hidden=0),
+    'negative ffn_hidden': dict(ffn_hidden=-3),
+    'zero rope_theta': dict(rope_theta=0.0),
+    'negative rope_theta': dict(rope_theta=-10000.0),
+    'nan rope_theta': dict(rope_theta=float('nan')),
+    'infinite rope_theta': dict(rope_theta=float('inf')),
+    'zero norm_eps': dict(norm_eps=0.0),
+    'dropout 1': dict(dropout=1.0),
+    'negative dropout': dict(dropout=-0.1),
+    'nan dropout': dict(dropout=float('nan')),
+    'nan lambda': dict(value_residual=True, lambdas=[(0, 1), (0.5, float('nan')), (0.5, 0.5), (0.5, 0.5)]),
+    'infinite lambda': dict(value_residual=True, lambdas=[(0, 1), (float('inf'), 1), (0.5, 0.5), (0.5, 0.5)]),
+    'nan neutreno_lambda': dict(neutreno_lambda=float('nan')),
+    'residual_source past the last mixing layer': dict(variant='resformer_identity', residual_source=3),
+    'negative residual_source': dict(variant='resformer_identity', residual_source=-1),
+    'fractional residual_source': dict(variant='resformer_identity', residual_source=1.0),
+    'residual_source without a residual': dict(residual_source=1),
+    'residual_type without value_residual': dict(residual_type='query'),
+    'value_mapping without value_residual': dict(value_mapping='first'),
+    'unknown residual_type': dict(variant='resformer_identity', residual_type='output'),
+    'unknown value_mapping': dict(variant='resformer_identity', value_mapping='last'),
+    'value_mapping=first on queries': dict(variant='resformer_identity', residual_type='query', value_mapping='first'),
+    'row up to the source is mixed': dict(value_residual=True, residual_source=1, lambdas=[(0, 1)] + [(0.5, 0.5)] * 3),
+    'query residual with a zero own weight': dict(variant='svformer', residual_type='query'),
+    'hidden residual with a zero own weight': dict(variant='svformer', residual_type='hidden'),
+    'mapping first with a zero own weight': dict(variant='svformer', value_mapping='first'),
+    'key residual with share_kv=k': dict(variant='custom', value_residual=True, residual_type='key', share_kv='k'),
 }
 
 
@@ -602,6 +741,13 @@ def test_bad_config_messages_name_the_problem():
     assert 'resformer_bogus' in message(variant='resformer_bogus')
     assert 'share_kv' in message(variant='svformer', share_kv='k')
     assert 'lambdas[0]' in message(value_residual=True, lambdas=[(0.5, 0.5)] * 4)
+    assert 'lambdas[1]' in message(value_residual=True, residual_source=1, lambdas=[(0, 1)] + [(0.5, 0.5)] * 3)
+    for kw, words in [(dict(n_kv_head=2.5), ('n_kv_head', 'integer')), (dict(ffn_hidden=-3), ('ffn_hidden', 'positive')),
+                      (dict(rope_theta=0.0), ('rope_theta', 'positive')), (dict(dropout=1.0), ('dropout', '[0, 1)')),
+                      (dict(value_residual=True, lambdas=[(0, 1)] * 3 + [(float('nan'), 1)]), ('lambdas', 'finite')),
+                      (dict(variant='resformer_identity', residual_source=3), ('residual_source', '0 to 2'))]:
+        assert all(word in message(**kw) for word in words), (kw, message(**kw))
+    assert 'divisible' not in message(n_kv_head=2.5)
 
 
 @pytest.mark.parametrize('kw', [
@@ -649,6 +795,23 @@ def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
     loaded, _ = load_checkpoint(str(path))
     idx = random_tokens(model)
     assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
+
+def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
+    """Random bytes: 'not a checkpoint written by train.py', never torch's weights_only=False advice (which
+    would run code from the file). A missing file: how to make one, with no flag another script may not take."""
+    path = tmp_path / 'noise.pt'
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(SystemExit) as e:
+        load_checkpoint(str(path))
+    assert 'not a checkpoint written by train.py' in e.value.code and 'weights_only' not in e.value.code
+    torch.save({'weights': torch.zeros(2)}, path)  # a real torch file, but not ours
+    with pytest.raises(SystemExit) as e:
+        load_checkpoint(str(path))
+    assert 'not a checkpoint written by train.py' in e.value.code
+    with pytest.raises(SystemExit) as e:
+        load_checkpoint(str(tmp_path / 'missing.pt'))
+    assert 'python train.py' in e.value.code and '--' not in e.value.code
+
 
 def test_load_checkpoint_truncated_or_missing_exits_with_one_line(tmp_path):
     path = tmp_path / 'ckpt.pt'

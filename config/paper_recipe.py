@@ -1,6 +1,9 @@
-# The paper's training recipe (official scripts; SPEC.md "Training recipe"), shared by the full-scale configs,
-# which run it first. SlimPajama-627B sampled with fixed domain weights, GPT-2 BPE (the paper: GPT-NeoX's),
-# sequences of 2048 tokens, 1024 sequences = 2,097,152 tokens per step, 10,000 steps = ~20B tokens.
+# The paper's training recipe (its official training scripts), shared by the full-scale configs, which run it
+# first: Llama-style models trained on SlimPajama-627B sampled with fixed domain weights (CommonCrawl 0.5, C4 0.2,
+# GitHub 0.1, Books/ArXiv/Wikipedia/StackExchange 0.05 each), GPT-2 BPE here (the paper: GPT-NeoX's), sequences of
+# 2048 tokens, 1024 sequences = 2,097,152 tokens per step, 10,000 steps = ~20B tokens; AdamW (0.9, 0.95), weight
+# decay 0.1, linear warmup over 120 steps to 6e-4 then cosine to 6e-5, gradient clipping at 1.0, bf16; validation
+# every 1000 steps, the mean over the 7 domains.
 # Prepare the data first: python prepare.py --dataset=slimpajama   (needs `pip install datasets` and the network)
 dataset = 'slimpajama_gpt2'
 block_size = 2048

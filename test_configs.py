@@ -1,0 +1,118 @@
+"""
+Every config file, and every run its header comment lists (the `train.py config/...` command lines), on a CPU:
+the settings load through train.py's defaults, the paper-size model builds (on the meta device, no memory) with
+the paper's parameter count and tokens per step, and the same model shrunk to a toy trains for one step.
+A new config file, or a new command line in a header, is picked up automatically.
+"""
+
+import ast
+import math
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+from configurator import configure
+from model import GPT, GPTConfig
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parent
+CONFIGS = sorted((REPO / 'config').glob('*.py'))
+FRAGMENTS = {'paper_recipe.py'}  # settings shared by the full-scale configs, which exec it; it lists no runs itself
+# (n_layer, n_embd) -> the paper's parameter count for that shape; the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
+PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 1.67e9}
+TOKENS_PER_STEP = 2_097_152  # the paper's 1024 sequences of 2048 tokens, kept at every sequence length
+
+
+def train_defaults():
+    """train.py's settings and their defaults, read from its source without running it."""
+    tree = ast.parse((REPO / 'train.py').read_text())
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
+
+
+def header_runs(path):
+    """(ranks, arguments after train.py) for each `train.py config/...` line in the file's comments."""
+    runs = []
+    for line in path.read_text().splitlines():
+        if line.startswith('#') and 'train.py config/' in line:
+            words = shlex.split(line.lstrip('#'))
+            at = words.index('train.py')
+            ranks = next((int(w.split('=')[1]) for w in words[:at] if w.startswith('--nproc_per_node=')), 1)
+            runs.append((ranks, words[at + 1:]))
+    return runs
+
+
+def run_id(path, args):
+    out_dir = next((a.split('=', 1)[1] for a in args if a.startswith('--out_dir=')), 'default')
+    return f'{path.name}:{out_dir}'
+
+
+RUNS = [(path, ranks, args) for path in CONFIGS for ranks, args in header_runs(path)]
+RUNS += [(path, 1, [f'config/{path.name}']) for path in CONFIGS if not header_runs(path)]  # the file on its own
+
+
+def settings_of(args):
+    return configure(train_defaults(), [str(REPO / args[0]), *args[1:]], verbose=False)
+
+
+def model_config(settings, **overrides):
+    model_args = {f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}
+    return GPTConfig(**(model_args | overrides))
+
+
+@pytest.mark.parametrize('path', [p for p in CONFIGS if p.name not in FRAGMENTS], ids=lambda p: p.name)
+def test_header_lists_its_runs_each_into_its_own_folder(path):
+    """Each config names the runs of its comparison, all on this file, none writing into another's out_dir."""
+    runs = header_runs(path)
+    assert runs, f'{path.name} lists no `train.py config/{path.name} ...` command in its header'
+    assert all(args[0] == f'config/{path.name}' for _, args in runs)
+    out_dirs = [settings_of(args)['out_dir'] for _, args in runs]
+    assert len(set(out_dirs)) == len(out_dirs), out_dirs
+
+
+@pytest.mark.parametrize('path, ranks, args', RUNS, ids=[run_id(p, a) for p, _, a in RUNS])
+def test_run_builds_the_paper_model(path, ranks, args):
+    """The run's settings load and build its model at full size; the paper's shapes have the paper's parameter
+    count (within 5% for a variant that drops projections, 3% for the Transformer of that shape), and a
+    full-scale run keeps the paper's recipe: 2,097,152 tokens per step on any number of ranks, 10,000 steps."""
+    settings = settings_of(args)
+    assert settings['max_iters'] == settings['lr_decay_iters']
+    with torch.device('meta'):
+        model = GPT(model_config(settings, vocab_size=50304))
+    L, d, ffn = model.config.n_layer, model.config.n_embd, model.config.ffn_hidden
+    if (L, d) in PAPER_SIZES:
+        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d  # embedding, head, blocks, norms
+        assert abs(vanilla / PAPER_SIZES[L, d] - 1) < 0.03, vanilla
+        assert abs(model.num_params() / PAPER_SIZES[L, d] - 1) < 0.05, model.num_params()
+    if settings['dataset'].startswith('slimpajama'):
+        tokens = settings['gradient_accumulation_steps'] * settings['batch_size'] * settings['block_size']
+        assert tokens == TOKENS_PER_STEP, tokens
+        assert settings['gradient_accumulation_steps'] % ranks == 0  # train.py refuses it otherwise
+        assert settings['max_iters'] == 10_000 and settings['warmup_iters'] == 120
+
+
+@pytest.mark.parametrize('path, ranks, args', RUNS, ids=[run_id(p, a) for p, _, a in RUNS])
+def test_run_trains_one_step_at_toy_size(path, ranks, args):
+    """The run's model, as many layers and heads and the same flags, but 4 wide per head over a 64-token
+    vocabulary: one forward, backward and AdamW step with the run's settings gives a finite loss, a finite
+    gradient for every parameter, and moves every parameter (λ included when learned)."""
+    settings = settings_of(args)
+    torch.manual_seed(0)
+    model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16, vocab_size=64))
+    optimizer = model.configure_optimizers(settings['weight_decay'], settings['learning_rate'],
+                                           (settings['beta1'], settings['beta2']), 'cpu')
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    _, loss = model(idx, targets=idx.roll(-1, dims=1))
+    loss.backward()
+    assert math.isfinite(loss.item()) and abs(loss.item() - math.log(64)) < 1.0
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    optimizer.step()
+    for name, p in model.named_parameters():
+        assert not torch.equal(p, before[name]), f'{name} did not move'
