@@ -60,6 +60,9 @@ value_residual = False
 lambdas = None
 lambda_mode = 'fixed'
 value_rescale = False
+residual_source = 0  # layer the residual is taken from: 0 = V1 (the paper), 1 = V2; H0/H1 for residual_type='hidden'
+residual_type = 'value'  # what it mixes: 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)
+value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (layer 1's own A_1 V1 mixed in; Sec. 4.4)
 neutreno_lambda = 0.0
 denseformer = False
 share_kv = 'none'
