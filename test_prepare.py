@@ -105,7 +105,7 @@ def test_missing_data_names_the_prepare_command(tmp_path):
                           ("mine_gpt2", "--tokenizer=gpt2")]:
         with pytest.raises(SystemExit, match=command) as error:
             prepare.open_split(str(tmp_path / name), "train")
-        assert str(tmp_path / name / "train.bin") in str(error.value)
+        assert str(tmp_path / name / "meta.json") in str(error.value)
         with pytest.raises(SystemExit, match=command):
             prepare.load_meta(str(tmp_path / name))
 
