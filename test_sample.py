@@ -31,12 +31,14 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150):
-    """Train a tiny character-level model on TEXT until greedy decoding recites it; save it as train.py would."""
-    torch.manual_seed(0)
+def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150, text=TEXT, chars=CHARS, seed=0,
+                          **settings):
+    """Train a tiny character-level model on text (TEXT: until greedy decoding recites it); save it as train.py
+    would, with `settings` added to its config."""
+    torch.manual_seed(seed)
     config = GPTConfig(**TINY, variant=variant)
     model = GPT(config)
-    data = torch.tensor([CHARS.index(c) for c in TEXT])
+    data = torch.tensor([chars.index(c) for c in text])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     T = config.block_size
     with one_thread():
@@ -51,8 +53,9 @@ def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': steps,
                 'best_val_loss': loss.item(),
-                'config': {'dataset': 'tiny_char', 'data_dir': data_dir, 'block_size': T, 'dtype': 'float32'},
-                'data_meta': {'tokenizer': 'char', 'chars': CHARS, 'vocab_size': len(CHARS)}}, path)
+                'config': {'dataset': 'tiny_char', 'data_dir': data_dir, 'block_size': T, 'dtype': 'float32',
+                           'seed': seed, 'out_dir': os.path.dirname(path), **settings},
+                'data_meta': {'tokenizer': 'char', 'chars': chars, 'vocab_size': len(chars)}}, path)
     return model
 
 
