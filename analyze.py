@@ -268,7 +268,7 @@ def plot(groups, subtitle):
             layers = np.arange(1, group['n_layer'] + 1)
             mean = np.array(group['mean'][name])
             runs = len(group['runs'])
-            line, = ax.plot(layers, mean, marker='o', label=label + (f" ({runs} runs)" if runs > 1 else ""))
+            line, = ax.plot(layers, mean, marker='o', label=label + (f" [{runs} runs]" if runs > 1 else ""))
             if group['std']:
                 std = np.array(group['std'][name])
                 ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.2)
