@@ -39,13 +39,13 @@ Choices made here, and why:
   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared.
-- Checks on reading (load_meta, open_split): meta.json must parse and hold the keys below; every
-  file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
+- Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
+  files and max_token; every file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
   caught), and the largest token id, recorded at prepare time, must be below vocab_size. The
   validation split, small, is also scanned for ids >= vocab_size; the training split, up to 40 GB,
   is trusted to be what its recorded size says.
 
-Other scripts use load_meta, open_split and load_tokenizer from here.
+Other scripts use load_meta, open_split, load_tokenizer and prepare_command from here.
 """
 
 import argparse
@@ -209,6 +209,10 @@ def load_meta(data_dir):
     missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
     if missing:
         raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older prepare.py); "
+                         f"run `{prepare_command(data_dir)}` again")
+    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] if isinstance(meta["files"], dict) else []
+    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
+        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
                          f"run `{prepare_command(data_dir)}` again")
     if meta["max_token"] >= meta["vocab_size"]:
         raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "

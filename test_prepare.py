@@ -471,8 +471,8 @@ def test_read_only_out_dir(prepared, monkeypatch, capsys):
 # reading damaged data: one line naming the file and the command that makes it again
 
 
-def set_meta(out, **changes):
-    meta = json.loads((out / "meta.json").read_text())
+def set_meta(out, drop=(), **changes):
+    meta = {key: value for key, value in json.loads((out / "meta.json").read_text()).items() if key not in drop}
     (out / "meta.json").write_text(json.dumps({**meta, **changes}))
 
 
@@ -487,11 +487,10 @@ DAMAGE = {
                            "meta.json is unreadable (JSONDecodeError)"),
     "meta.json a list": (lambda out: (out / "meta.json").write_text("[1, 2]"), "train",
                          "meta.json has no tokenizer, vocab_size, files, max_token"),
-    "meta.json from before max_token": (lambda out: set_meta(out, max_token=None) or
-                                        (out / "meta.json").write_text((out / "meta.json").read_text()
-                                                                       .replace('"max_token": null, ', '')
-                                                                       .replace(', "max_token": null', '')),
-                                        "train", "meta.json has no max_token"),
+    "meta.json from before max_token": (lambda out: set_meta(out, drop=["max_token"]), "train",
+                                        "meta.json has no max_token"),
+    "meta.json with a text count": (lambda out: set_meta(out, vocab_size="40"), "train",
+                                    "meta.json has malformed vocab_size, max_token or files"),
     "max_token >= vocab_size": (lambda out: set_meta(out, max_token=999), "train", "records token id 999 in a vocabulary"),
     "val.bin id >= vocab_size": (lambda out: open(out / "val.bin", "r+b").write(np.uint16(4000).tobytes()), "val",
                                  "holds token id 4000, outside the vocabulary"),
