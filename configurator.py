@@ -29,7 +29,6 @@ Any mistake stops the program with one line that starts with "config error".
 import ast
 import difflib
 import io
-import sys
 import tokenize
 import traceback
 import types as pytypes
