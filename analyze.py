@@ -1,14 +1,29 @@
 """
-Where does attention go? The paper's attention-concentration analysis (SPEC.md, "Analysis the paper does")
-for one or more checkpoints, side by side on the same validation sequences.
+Where does attention go? The paper's attention-concentration analysis, per layer, for training runs side by
+side on the same validation windows, with runs of the same variant (seeds) averaged.
 
-    python analyze.py out_vanilla out_resformer                    # out_dirs (their ckpt.pt) or .pt files
-    python analyze.py out_vanilla out_resformer --ckpt=best.pt --num_seqs=16 --seq_len=512 --out=analysis
+    python analyze.py out/ablation_vanilla out/ablation_resformer_identity out/ablation_svformer
+    python analyze.py results/runs/*/ --num_seqs=16 --seq_len=512 --out=analysis
+    python analyze.py out/ablation_vanilla out/ablation_svformer --windows=mid_text --ckpt=best.pt
 
-Arguments that are not --key=value settings or config files (*.py) name the checkpoints. The sequences are
-num_seqs windows of seq_len tokens at evenly spaced offsets in the validation split of the first checkpoint's
-data_dir, so every checkpoint sees the same tokens. Per layer (1-based, as in the paper), averaged over them:
+Arguments that are not --key=value settings or config files (*.py) name the runs: out_dirs (their ckpt.pt)
+or .pt files. Runs are grouped: those whose model and settings agree apart from seed, out_dir,
+wandb_run_name and init_from (e.g. the seeds of one experiment) form one group, shown as mean ± std over
+its runs. A group is named by its variant; when several groups share a variant, the settings that differ
+between them are added to the name, e.g. "vanilla (learning_rate=0.001)".
 
+The windows: num_seqs windows of seq_len tokens from the validation split of the first run's data_dir,
+the same for every run.
+  doc_start  (default) each window is a validation document's start, led by the separator that precedes
+             every document in the training data: <|endoftext|> for GPT-2 BPE, the blank line "\\n\\n" for
+             characters. It plays the BOS token of the paper's analysis, which feeds whole documents from
+             their start; the attention sink forms on that first token. Starts come from meta.json's
+             val_doc_starts (the character separator also occurs inside documents, so it cannot be searched
+             for); documents are spread evenly over the validation split; a window runs on into the next
+             document when its own is shorter than seq_len.
+  mid_text   windows at evenly spaced offsets, mostly mid-document (no start token).
+
+Per layer (1-based, as in the paper), averaged over the windows:
   entropy           token-importance entropy: average the attention matrix A over heads, s_j = Σ_i A_ij (the
                     attention token j receives), p = s / Σ s, E = -Σ p_j ln p_j. At most ln T; lower means
                     attention concentrated on few tokens (attention sinks).
@@ -19,7 +34,8 @@ data_dir, so every checkpoint sees the same tokens. Per layer (1-based, as in th
   hidden_cos        mean cosine similarity between the block outputs of different tokens
   key_cos           the same for keys, per KV head, averaged over heads
 
-Writes <out>/metrics.json, <out>/metrics.csv and, if matplotlib is installed, <out>/<metric>.png.
+Writes <out>/metrics.json (every run, and each group's mean and std), <out>/metrics.csv (per group and
+layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth, ± std shaded.
 """
 import csv
 import json
@@ -34,10 +50,11 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import load_checkpoint, pick_device
-from prepare import open_split
+from prepare import load_meta, load_tokenizer, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
 ckpt = 'ckpt.pt'  # the file read from each out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
+windows = 'doc_start'  # 'doc_start': documents' starts, led by the separator; 'mid_text': evenly spaced offsets
 num_seqs = 8  # validation windows to average over
 seq_len = 256  # tokens per window (at most the smallest block_size among the checkpoints)
 out = 'analysis'  # folder for metrics.json, metrics.csv and the plots
@@ -51,6 +68,7 @@ METRICS = {  # name: column title
     'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm', 'first_value_norm': 'first value',
     'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos', 'key_cos': 'key cos',
 }
+RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs of one group may differ
 
 
 def importance_entropy(attn):
@@ -92,35 +110,101 @@ def layer_metrics(stats):
         })
     return {name: torch.stack([row[name] for row in rows]) for name in METRICS}
 
+# -----------------------------------------------------------------------------
+# runs and their groups
 
-def load_models(checkpoint_args):
+
+def checkpoint_path(arg):
+    """The checkpoint a run argument names: an out_dir's ckpt, or a .pt file."""
+    path = os.path.join(arg, ckpt) if os.path.isdir(arg) else arg
+    if not os.path.isfile(path):
+        problem = f"{arg} has no {ckpt}" if os.path.isdir(arg) else f"{arg} not found"
+        raise SystemExit(f"analyze.py: {problem}; name training runs' folders (their out_dir) or .pt files")
+    return path
+
+
+def load_models(run_args):
     """{path: (model, checkpoint)}, checked to share one vocabulary."""
     models = {}
-    for arg in checkpoint_args:
-        path = os.path.join(arg, ckpt) if os.path.isdir(arg) else arg
+    for arg in run_args:
+        path = checkpoint_path(arg)
         model, checkpoint = load_checkpoint(path, device)
         models[path] = model.eval(), checkpoint
     (first_path, (_, first)), *others = models.items()
     for path, (_, checkpoint) in others:
-        if vocabulary(checkpoint) != vocabulary(first):
+        if vocabulary(checkpoint['data_meta']) != vocabulary(first['data_meta']):
             raise SystemExit(f"analyze.py: {path} has another vocabulary than {first_path}; "
-                             "compare checkpoints trained on the same dataset")
+                             "compare runs trained on the same dataset")
     return models
 
 
-def vocabulary(checkpoint):
-    meta = checkpoint['data_meta']
+def vocabulary(meta):
     return meta['tokenizer'], meta['vocab_size'], meta.get('chars')
 
 
-def validation_windows(data_dir, num_seqs, seq_len):
-    """(offsets, (num_seqs, seq_len) tokens): windows at evenly spaced offsets in the first validation shard."""
-    tokens = open_split(data_dir, 'val')[0]  # one shard is plenty for a few windows
+def group_runs(models):
+    """{label: [paths]}: runs whose model and settings agree apart from RUN_KEYS form a group, named by its
+    variant, plus the settings that tell it apart from other groups of the same variant."""
+    setups = {}  # path -> what must agree within a group
+    for path, (model, checkpoint) in models.items():
+        settings = {k: v for k, v in checkpoint.get('config', {}).items() if k not in RUN_KEYS}
+        setups[path] = {**settings, **checkpoint['model_args'], 'iter_num': checkpoint.get('iter_num')}
+    groups = {}  # setup as JSON -> paths
+    for path, setup in setups.items():
+        groups.setdefault(json.dumps(setup, sort_keys=True, default=str), []).append(path)
+    labels = {}
+    for paths in groups.values():
+        setup = setups[paths[0]]
+        rivals = [setups[other[0]] for other in groups.values()
+                  if other is not paths and setups[other[0]]['variant'] == setup['variant']]
+        differing = sorted(k for k in setup if any(rival.get(k) != setup[k] for rival in rivals))
+        detail = ", ".join(f"{k}={setup[k]}" for k in differing)
+        labels[setup['variant'] + (f" ({detail})" if detail else "")] = paths
+    return labels
+
+# -----------------------------------------------------------------------------
+# windows
+
+
+def doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len):
+    """(starts, windows): up to num_seqs documents' starts, spread evenly, each led by the separator."""
+    if 'val_doc_starts' not in meta:
+        raise SystemExit(f"analyze.py: {data_dir}/meta.json has no val_doc_starts (an older prepare.py); run "
+                         f"`{prepare_command(data_dir)}` again, or use --windows=mid_text")
+    separator = [meta['eot_token']] if meta['tokenizer'] == 'gpt2' else load_tokenizer(meta).encode(meta['separator'])
+    room = seq_len - len(separator)  # tokens of the document itself
+    starts = [s for s in meta['val_doc_starts'] if s + room <= len(tokens)]
+    if not starts:
+        raise SystemExit(f"analyze.py: no validation document in {data_dir} starts {room} tokens before the end of "
+                         f"the split; use a smaller --seq_len or --windows=mid_text")
+    picked = sorted({starts[i] for i in np.linspace(0, len(starts) - 1, num_seqs).round().astype(int)})
+    if len(picked) < num_seqs:
+        print(f"note: {data_dir} has {len(picked)} validation document starts to use, fewer than num_seqs={num_seqs}")
+    rows = [np.concatenate([separator, tokens[s:s + room]]) for s in picked]
+    return picked, torch.tensor(np.stack(rows).astype(np.int64))
+
+
+def mid_text_windows(tokens, num_seqs, seq_len):
+    """(offsets, windows): num_seqs windows at evenly spaced offsets."""
+    offsets = np.linspace(0, len(tokens) - seq_len, num_seqs).round().astype(int).tolist()
+    return offsets, torch.tensor(np.stack([tokens[o:o + seq_len] for o in offsets]).astype(np.int64))
+
+
+def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
+    meta = load_meta(data_dir)
+    if vocabulary(meta) != vocabulary(checkpoint_meta):
+        raise SystemExit(f"analyze.py: {data_dir} is not tokenized as the runs' training data was; "
+                         f"prepare it again with the settings they were trained on")
+    tokens = np.concatenate(open_split(data_dir, 'val'))
     if len(tokens) < seq_len:
         raise SystemExit(f"analyze.py: {data_dir} has {len(tokens):,} validation tokens, fewer than seq_len={seq_len}; "
                          "use a smaller --seq_len")
-    offsets = np.linspace(0, len(tokens) - seq_len, num_seqs).round().astype(int).tolist()
-    return offsets, torch.tensor(np.stack([tokens[o:o + seq_len] for o in offsets]).astype(np.int64))
+    if kind == 'doc_start':
+        return doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len)
+    return mid_text_windows(tokens, num_seqs, seq_len)
+
+# -----------------------------------------------------------------------------
+# measuring and reporting
 
 
 @torch.no_grad()
@@ -135,40 +219,60 @@ def analyze(model, windows, desc):
     return {name: torch.cat([m[name] for m in per_window], dim=1).mean(dim=1).tolist() for name in METRICS}
 
 
-def print_table(path, model, checkpoint, metrics):
-    print(f"\n{path}: {model.config.variant}, {model.config.n_layer} layers, iter {checkpoint.get('iter_num', '?')}")
-    print(f"{'layer':>5} " + " ".join(f"{title:>13}" for title in METRICS.values()))
-    for layer in range(model.config.n_layer):
-        print(f"{layer + 1:>5} " + " ".join(f"{metrics[name][layer]:>13.4f}" for name in METRICS))
+def summarize(per_run):
+    """(mean, std) per metric and layer over a group's runs; std is None for a single run."""
+    mean = {name: np.mean([run[name] for run in per_run], axis=0).tolist() for name in METRICS}
+    if len(per_run) == 1:
+        return mean, None
+    return mean, {name: np.std([run[name] for run in per_run], axis=0, ddof=1).tolist() for name in METRICS}
 
 
-def write_files(results, models, sequences):
+def print_table(label, group):
+    mean, std = group['mean'], group['std']
+    print(f"\n{label}: {group['n_layer']} layers, iter {group['iter_num']}, {len(group['runs'])} run(s): "
+          f"{', '.join(group['runs'])}" + (" (mean ± std over runs)" if std else ""))
+    width = 17 if std else 13
+    print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in METRICS.values()))
+    for layer in range(group['n_layer']):
+        cells = [f"{mean[name][layer]:.4f}" + (f"±{std[name][layer]:.4f}" if std else "") for name in METRICS]
+        print(f"{layer + 1:>5} " + " ".join(f"{cell:>{width}}" for cell in cells))
+
+
+def write_files(groups, windows_info):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'metrics.json'), 'w') as f:
-        checkpoints = {path: {'variant': models[path][0].config.variant, 'iter_num': models[path][1].get('iter_num'),
-                              **metrics} for path, metrics in results.items()}
-        json.dump({**sequences, 'checkpoints': checkpoints}, f, indent=1)
+        json.dump({**windows_info, 'groups': groups}, f, indent=1)
     with open(os.path.join(out, 'metrics.csv'), 'w', newline='') as f:
         writer = csv.writer(f)
-        writer.writerow(['checkpoint', 'layer', *METRICS])
-        for path, metrics in results.items():
-            for layer in range(len(metrics['entropy'])):
-                writer.writerow([path, layer + 1, *(metrics[name][layer] for name in METRICS)])
+        writer.writerow(['group', 'runs', 'layer', *(column for name in METRICS for column in (name, f'{name}_std'))])
+        for label, group in groups.items():
+            for layer in range(group['n_layer']):
+                cells = [(group['mean'][name][layer], group['std'][name][layer] if group['std'] else '')
+                         for name in METRICS]
+                writer.writerow([label, len(group['runs']), layer + 1, *(cell for pair in cells for cell in pair)])
     print(f"\nwrote {out}/metrics.json and {out}/metrics.csv")
 
 
-def plot(results, subtitle):
+def plot(groups, subtitle):
     try:
         import matplotlib
         matplotlib.use('Agg')  # files only, no display needed
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         print("plots skipped: matplotlib is not installed (`pip install matplotlib` for one PNG per metric)")
         return
     for name in METRICS:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for path, metrics in results.items():
-            ax.plot(range(1, len(metrics[name]) + 1), metrics[name], marker='o', label=path)
+        for label, group in groups.items():
+            layers = np.arange(1, group['n_layer'] + 1)
+            mean = np.array(group['mean'][name])
+            runs = len(group['runs'])
+            line, = ax.plot(layers, mean, marker='o', label=label + (f" [{runs} runs]" if runs > 1 else ""))
+            if group['std']:
+                std = np.array(group['std'][name])
+                ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
         ax.set(xlabel='layer', ylabel=name, title=f"{name} by depth ({subtitle})")
         ax.legend()
         fig.savefig(os.path.join(out, f'{name}.png'), dpi=120, bbox_inches='tight')
@@ -176,34 +280,43 @@ def plot(results, subtitle):
     print(f"wrote {len(METRICS)} plots to {out}/")
 
 
-def main(checkpoint_args):
-    if not checkpoint_args:
-        raise SystemExit("analyze.py: no checkpoints given; name out_dirs or .pt files, e.g. "
-                         "`python analyze.py out_vanilla out_resformer`")
+def main(run_args):
+    if not run_args:
+        raise SystemExit("analyze.py: no runs given; name training runs' folders or .pt files, e.g. "
+                         "`python analyze.py out/ablation_vanilla out/ablation_resformer_identity`")
+    if windows not in ('doc_start', 'mid_text'):
+        raise SystemExit(f"analyze.py: windows={windows!r}; use 'doc_start' or 'mid_text'")
     if num_seqs < 1 or seq_len < 2:
         raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; use at least 1 sequence of 2 tokens")
     # all checkpoints first: they must share a vocabulary, and the smallest block_size caps the window length
-    models = load_models(checkpoint_args)
+    models = load_models(run_args)
     length = min([seq_len] + [model.config.block_size for model, _ in models.values()])
     if length < seq_len:
         print(f"seq_len {seq_len} -> {length}, the smallest block_size among the checkpoints")
-    data_dir = next(iter(models.values()))[1]['config']['data_dir']
-    offsets, windows = validation_windows(data_dir, num_seqs, length)
-    print(f"{num_seqs} windows of {length} tokens from {data_dir} (val), at offsets {offsets}")
+    first = next(iter(models.values()))[1]
+    data_dir = first['config']['data_dir']
+    starts, tokens = validation_windows(data_dir, first['data_meta'], windows, num_seqs, length)
+    print(f"{len(starts)} {windows} windows of {length} tokens from {data_dir} (val), at offsets {starts}")
 
-    results = {}
-    for path, (model, checkpoint) in models.items():
-        results[path] = analyze(model, windows, desc=path)
-        print_table(path, model, checkpoint, results[path])
+    per_run = {path: analyze(model, tokens, desc=path) for path, (model, _) in models.items()}
+    groups = {}
+    for label, paths in group_runs(models).items():
+        model, checkpoint = models[paths[0]]
+        mean, std = summarize([per_run[path] for path in paths])
+        groups[label] = {'variant': model.config.variant, 'n_layer': model.config.n_layer,
+                         'iter_num': checkpoint.get('iter_num'), 'runs': paths, 'mean': mean, 'std': std,
+                         'per_run': {path: per_run[path] for path in paths}}
+        print_table(label, groups[label])
     print(f"(entropy is at most ln {length} = {math.log(length):.4f})")
-    write_files(results, models, {'data_dir': data_dir, 'split': 'val', 'seq_len': length, 'offsets': offsets})
-    plot(results, f"{num_seqs} x {length} val tokens")
+    write_files(groups, {'data_dir': data_dir, 'split': 'val', 'windows': windows, 'seq_len': length,
+                         'offsets': starts})
+    plot(groups, f"{len(starts)} x {length} val tokens, {windows}")
 
 
 if __name__ == '__main__':
-    # positional arguments that are not config files name the checkpoints; the rest are settings
-    checkpoint_args = [a for a in sys.argv[1:] if not a.startswith('--') and not a.endswith('.py')]
+    # arguments that are not settings (-...) or config files name the runs
+    run_args = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
     globals().update(configure({k: globals()[k] for k in config_keys},
-                               [a for a in sys.argv[1:] if a not in checkpoint_args]))
+                               [a for a in sys.argv[1:] if a not in run_args], script=__file__))
     device = pick_device(device)
-    main(checkpoint_args)
+    main(run_args)

@@ -1,35 +1,50 @@
 """Override a script's default settings from config files and --key=value arguments.
 
-train.py and sample.py keep their settings as plain globals, then hand them to `configure`:
+train.py, sample.py and analyze.py keep their settings as plain globals, then hand them to `configure`:
 
     import sys
     from configurator import configure
-    n_layer = 12
+    n_layer = 12  # transformer blocks
     dropout = 0.0
+    n_kv_head = None  # None = n_head
     out_dir = 'out'
     config_keys = [k for k, v in globals().items() if not k.startswith('_')
                    and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:],
+                               types={'n_kv_head': int}, script=__file__))
 
-    $ python train.py config/train_shakespeare_char.py --n_layer=4 --dropout=0 --out_dir=out/lr=1e-3
+    $ python train.py config/shakespeare_char.py --n_layer=4 --dropout=0 --out_dir=out/lr=1e-3
+    $ python train.py --help
 
 Arguments are applied left to right, so later ones win:
   - `name.py` runs a config file; its top-level assignments become overrides.
   - `--key=value` sets one key; the value is a Python literal (`4`, `0.1`, `True`, `[[0, 1], [0.5, 0.5]]`).
     A str setting takes the text as typed, so `--init_from=resume` needs no quotes.
-Each value must fit the type of its default (an int is fine for a float, never the reverse).
+  - `--help` or `-h` prints every setting with its default and comment, grouped by the script's own
+    comment lines, and exits.
+Each value must fit the type of its default (an int is fine for a float, never the reverse). A setting
+whose default is None takes None or the type given for it in `types` (any literal if none is given).
 Any mistake stops the program with one line that starts with "config error".
 """
 import ast
 import difflib
+import io
+import tokenize
 import traceback
-import types
+import types as pytypes
 
 LITERAL_TYPES = (bool, int, float, str, tuple, list, type(None))
 
 
-def configure(defaults, argv, verbose=True):
-    """Return a copy of `defaults` with the config files and --key=value arguments in `argv` applied."""
+def configure(defaults, argv, types=None, script=None, verbose=True):
+    """Return a copy of `defaults` with the config files and --key=value arguments in `argv` applied.
+
+    types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
+    script: the caller's file (__file__); --help reads its comments."""
+    kinds = {key: type(default) if default is not None else (types or {}).get(key) for key, default in defaults.items()}
+    if '--help' in argv or '-h' in argv:
+        print(help_text(defaults, kinds, script))
+        raise SystemExit(0)
     config = dict(defaults)
     for arg in argv:
         if arg.startswith('--'):
@@ -37,24 +52,24 @@ def configure(defaults, argv, verbose=True):
             _require_known(key, defaults, 'config error')
             if not has_value:
                 raise SystemExit(f"config error: {arg} needs a value, e.g. {arg}={defaults[key]!r}")
-            overrides = {key: _parse(f'--{key}', text, defaults[key])}
+            overrides = {key: _parse(f'--{key}', text, kinds[key], defaults[key] is None)}
             where, name = 'config error', '--'
         elif arg.endswith('.py'):
             overrides = _read_config_file(arg)
             where, name = f'config error in {arg}', ''
         else:
             raise SystemExit(f"config error: unexpected argument {arg!r} "
-                             "(expected --key=value or a config file ending in .py)")
+                             "(expected --key=value or a config file ending in .py; --help lists the settings)")
         for key, value in overrides.items():
             _require_known(key, defaults, where)
-            default = defaults[key]
-            if not _accepts(default, value):
-                raise SystemExit(f"{where}: {name}{key} expects {_describe(default)}, "
+            kind, nullable = kinds[key], defaults[key] is None
+            if not _accepts(kind, nullable, value):
+                raise SystemExit(f"{where}: {name}{key} expects {_describe(kind, nullable)}, "
                                  f"got {type(value).__name__} {value!r}")
-            if isinstance(default, float):
+            if kind is float and value is not None:
                 value = float(value)  # --dropout=0 means 0.0
-            elif isinstance(default, (tuple, list)):
-                value = type(default)(value)  # (0, 1) and [0, 1] are the same setting
+            elif kind in (tuple, list) and not nullable:
+                value = kind(value)  # (0, 1) and [0, 1] are the same setting
             config[key] = value
             if verbose:
                 print(f"Overriding: {key} = {value!r}")
@@ -68,55 +83,59 @@ def _require_known(key, defaults, where):
         raise SystemExit(f"{where}: unknown config key {key!r}{hint}")
 
 
-def _parse(name, text, default):
-    """Turn the text after '=' into a value, using the default's type to resolve bare words."""
-    if isinstance(default, bool) and text.lower() in ('true', 'false'):
+def _parse(name, text, kind, nullable):
+    """Turn the text after '=' into a value, using the setting's type to resolve bare words."""
+    if kind is bool and text.lower() in ('true', 'false'):
         return text.lower() == 'true'
     try:
         value = ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # what literal_eval may raise
-        if isinstance(default, str):
+        if kind is str:
             return text  # bare words such as resume, cuda:0 or out/lr=1e-3
-        raise SystemExit(f"config error: {name} expects {_describe(default)}, "
+        raise SystemExit(f"config error: {name} expects {_describe(kind, nullable)}, "
                          f"got {text!r}, which is not a Python literal")
-    if isinstance(default, str) and not isinstance(value, str):
+    if kind is str and not isinstance(value, str) and not (nullable and value is None):
         return text  # --wandb_run_name=2024 means the name '2024'
     return value
 
 
-def _accepts(default, value):
-    if default is None:
+def _accepts(kind, nullable, value):
+    if value is None:
+        return nullable or kind is None
+    if kind is None:
         return isinstance(value, LITERAL_TYPES)  # no type to go by: any literal will do
-    if isinstance(default, bool):
+    if kind is bool:
         return isinstance(value, bool)
     if isinstance(value, bool):
         return False  # bool is a subclass of int, but True is not a layer count
-    if isinstance(default, int):
-        return isinstance(value, int)
-    if isinstance(default, float):
+    if kind is float:
         return isinstance(value, (int, float))
-    if isinstance(default, (tuple, list)):
+    if kind in (tuple, list):
         return isinstance(value, (tuple, list))
-    return isinstance(value, type(default))
+    return isinstance(value, kind)
 
 
-def _describe(default):
-    if default is None:
+def _describe(kind, nullable=False):
+    if kind is None:
         return "a Python literal (None, a number, str, bool, list or tuple)"
-    if isinstance(default, bool):
-        return "bool (True or False, not 0 or 1)"
-    if isinstance(default, (tuple, list)):
-        return "a list or tuple"
-    return type(default).__name__
+    description = {bool: "bool (True or False, not 0 or 1)", tuple: "a list or tuple",
+                   list: "a list or tuple"}.get(kind, kind.__name__)
+    return f"{description} or None" if nullable else description
 
 
 def _read_config_file(path):
     """Run a config file; its settings are the top-level names that are not private, modules or callables."""
     try:
-        with open(path) as f:
+        with open(path, encoding='utf-8') as f:
             source = f.read()
     except FileNotFoundError:
         raise SystemExit(f"config error: config file {path} not found")
+    except IsADirectoryError:
+        raise SystemExit(f"config error: config file {path} is a folder; name a .py file in it")
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"config error: config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8")
+    except OSError as e:
+        raise SystemExit(f"config error: cannot read config file {path} ({e.strerror})")
     namespace = {'__file__': path}
     try:
         exec(compile(source, path, 'exec'), namespace)
@@ -126,4 +145,71 @@ def _read_config_file(path):
         line = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path][-1]
         raise SystemExit(f"config error in {path}:{line}: {type(e).__name__}: {e}")
     return {k: v for k, v in namespace.items()
-            if not k.startswith('_') and not isinstance(v, types.ModuleType) and not callable(v)}
+            if not k.startswith('_') and not isinstance(v, pytypes.ModuleType) and not callable(v)}
+
+# -----------------------------------------------------------------------------
+# --help: the settings as the script lays them out
+
+
+def help_text(defaults, kinds, script):
+    """The script's docstring, then every setting as --key=default with its trailing comment, under the
+    comment lines that head its group in the script (a line of dashes ends the settings' preamble)."""
+    docstring, entries = '', []  # entries: a heading str, or (key, comment) for a setting
+    if script is not None:
+        with open(script, encoding='utf-8') as f:
+            source = f.read()
+        docstring = ast.get_docstring(ast.parse(source)) or ''
+        entries = _settings_layout(source, defaults)
+    listed = {entry[0] for entry in entries if isinstance(entry, tuple)}
+    entries += [(key, '') for key in defaults if key not in listed]  # set elsewhere than in a plain assignment
+
+    def setting(key):
+        kind = f" ({kinds[key].__name__})" if defaults[key] is None and kinds[key] is not None else ''
+        return f"--{key}={defaults[key]!r}{kind}"
+
+    width = min(32, max(len(setting(entry[0])) for entry in entries if isinstance(entry, tuple)))
+    lines = [docstring, '', "settings (config files and --key=value override them, left to right):"]
+    for entry in entries:
+        if isinstance(entry, str):
+            lines.append(f"\n{entry}")
+        else:
+            key, comment = entry
+            lines.append(f"  {setting(key):<{width}}  {comment}".rstrip())
+    return '\n'.join(lines).strip('\n')
+
+
+def _settings_layout(source, defaults):
+    """[heading or (key, trailing comment)] in source order, from the top-level assignments of `defaults`'
+    keys and the whole-line comments among them and just above the first."""
+    assigned = {}  # key -> (first line, last line) of its first top-level assignment
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in defaults:
+                assigned.setdefault(node.targets[0].id, (node.lineno, node.end_lineno))
+    if not assigned:
+        return []
+    comments = {}  # line -> (text, whole line?)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            text = token.string.lstrip('#').strip()
+            comments[token.start[0]] = (text, not token.line[:token.start[1]].strip())
+
+    def heading(line):
+        text, whole_line = comments.get(line, ('', False))
+        return whole_line and text.strip('-') != ''  # a line of dashes separates, it heads nothing
+
+    first = min(start for start, _ in assigned.values())
+    while heading(first - 1):  # the comment lines right above the first setting head it
+        first -= 1
+    starts = {start: key for key, (start, _) in assigned.items()}
+    last = max(end for _, end in assigned.values())
+    entries = []
+    for line in range(first, last + 1):
+        if line in starts:
+            key = starts[line]
+            start, end = assigned[key]
+            comment = comments.get(end, comments.get(start, ('', True)))
+            entries.append((key, '' if comment[1] else comment[0]))
+        elif heading(line):
+            entries.append(comments[line][0])
+    return entries

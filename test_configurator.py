@@ -1,3 +1,4 @@
+import ast
 import os
 import subprocess
 import sys
@@ -167,3 +168,95 @@ def test_script_exits_with_one_line_on_stderr(tmp_path):
     bad = run_script('--n_layers=4')
     assert bad.returncode != 0
     assert bad.stderr == "config error: unknown config key 'n_layers' (did you mean 'n_layer'?)\n"
+
+
+def test_config_path_that_is_a_folder_or_not_utf8(tmp_path):
+    folder = tmp_path / 'configs.py'
+    folder.mkdir()
+    assert error([str(folder)]) == f"config error: config file {folder} is a folder; name a .py file in it"
+    latin1 = tmp_path / 'latin1.py'
+    latin1.write_bytes("n_layer = 4  # caf\u00e9\n".encode('latin-1'))
+    assert error([str(latin1)]) == f"config error: config file {latin1} is not UTF-8 text (byte 18); save it as UTF-8"
+
+
+TYPES = {'n_kv_head': int, 'lambdas': list, 'compile_or_auto': bool}
+
+
+@pytest.mark.parametrize('arg, message', [
+    ('--n_kv_head=2.5', "--n_kv_head expects int or None, got float 2.5"),
+    ('--n_kv_head=True', "--n_kv_head expects int or None, got bool True"),
+    ('--compile_or_auto=1', "--compile_or_auto expects bool (True or False, not 0 or 1) or None, got int 1"),
+    ('--lambdas=3', "--lambdas expects a list or tuple or None, got int 3"),
+])
+def test_none_default_with_a_type_takes_only_that_type(arg, message):
+    defaults = {'n_kv_head': None, 'lambdas': None, 'compile_or_auto': None}
+    with pytest.raises(SystemExit) as e:
+        configure(defaults, [arg], types=TYPES, verbose=False)
+    assert e.value.code == f"config error: {message}"
+
+
+def test_none_default_with_a_type_takes_that_type_and_none():
+    defaults = {'n_kv_head': None, 'lambdas': None, 'compile_or_auto': None}
+    config = configure(defaults, ['--n_kv_head=2', '--lambdas=[[0, 1], [0.5, 0.5]]', '--compile_or_auto=true'],
+                       types=TYPES, verbose=False)
+    assert config == {'n_kv_head': 2, 'lambdas': [[0, 1], [0.5, 0.5]], 'compile_or_auto': True}
+    assert configure(defaults, ['--n_kv_head=2', '--n_kv_head=None'], types=TYPES, verbose=False)['n_kv_head'] is None
+
+
+HELP_SCRIPT = '''"""A script that trains things."""
+import sys
+from configurator import configure
+
+# ------
+# I/O
+out_dir = 'out'  # where the run goes
+log_interval = 10
+# model: the shape
+n_layer = 12  # transformer blocks
+n_kv_head = None  # None = n_head
+betas = (0.9,
+         0.95)  # AdamW
+# ------
+config_keys = [k for k, v in globals().items() if not k.startswith('_')
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:],
+                           types={'n_kv_head': int}, script=__file__))
+print('ran')
+'''
+
+HELP_TEXT = '''A script that trains things.
+
+settings (config files and --key=value override them, left to right):
+
+I/O
+  --out_dir='out'         where the run goes
+  --log_interval=10
+
+model: the shape
+  --n_layer=12            transformer blocks
+  --n_kv_head=None (int)  None = n_head
+  --betas=(0.9, 0.95)     AdamW
+'''
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_settings_by_section_and_exits_0(tmp_path, flag):
+    script = tmp_path / 'script.py'
+    script.write_text(HELP_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), '--n_layer=4', flag], capture_output=True, text=True,
+                            env={**os.environ, 'PYTHONPATH': HERE})
+    assert (result.returncode, result.stderr) == (0, '')
+    assert result.stdout == HELP_TEXT
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py'])
+def test_help_of_the_real_scripts_lists_every_setting(script):
+    result = subprocess.run([sys.executable, os.path.join(HERE, script), '--help'], capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (0, ''), result.stderr
+    module = ast.parse(open(os.path.join(HERE, script)).read())
+    settings = list(dict.fromkeys(node.targets[0].id for node in module.body if isinstance(node, ast.Assign)
+                                  and isinstance(node.targets[0], ast.Name)
+                                  and f"\n  --{node.targets[0].id}=" in result.stdout))  # in source order
+    assert len(settings) >= 6
+    lines = result.stdout.splitlines()
+    assert [line.split('=')[0].strip() for line in lines if line.startswith('  --')] == [f'--{s}' for s in settings]

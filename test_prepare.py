@@ -105,7 +105,7 @@ def test_missing_data_names_the_prepare_command(tmp_path):
                           ("mine_gpt2", "--tokenizer=gpt2")]:
         with pytest.raises(SystemExit, match=command) as error:
             prepare.open_split(str(tmp_path / name), "train")
-        assert str(tmp_path / name / "train.bin") in str(error.value)
+        assert str(tmp_path / name / "meta.json") in str(error.value)
         with pytest.raises(SystemExit, match=command):
             prepare.load_meta(str(tmp_path / name))
 
@@ -335,3 +335,184 @@ def test_slimpajama_without_datasets_suggests_input(tmp_path):
     assert result.returncode != 0 and result.stderr.count("\n") == 1
     assert "`datasets`" in result.stderr and "--input" in result.stderr
     assert not os.path.exists(tmp_path / "data")
+
+# -----------------------------------------------------------------------------
+# replacing a prepared folder, reruns, the split by token share
+
+
+def snapshot(folder):
+    """Every file under folder: relative path -> (bytes, mtime)."""
+    return {os.path.relpath(os.path.join(root, name), folder):
+            (open(os.path.join(root, name), "rb").read(), os.stat(os.path.join(root, name)).st_mtime_ns)
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def one_line_error(result, *words):
+    """Exit status 1 and a one-line message at the end of stderr (after any progress bars), no traceback."""
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert message.startswith("prepare.py: ") and result.stderr.count("prepare.py: ") == 1, result.stderr
+    for word in words:
+        assert word in message, result.stderr
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """tmp_path/data/corpus_char prepared from tmp_path/corpus.txt: (tmp_path, out_dir, its files)."""
+    text = "".join(f"line {i}: {'to be or not ' * (i % 5)}\n" for i in range(100))
+    (tmp_path / "corpus.txt").write_text(text)
+    out = tmp_path / "data" / "corpus_char"
+    run_prepare("--input=corpus.txt", cwd=tmp_path)
+    return tmp_path, out, snapshot(out)
+
+
+@pytest.mark.parametrize("name, content, words_in_message", [
+    ("latin1.txt", "caf\u00e9\n".encode("latin-1") * 50, ["latin1.txt is not UTF-8"]),
+    ("empty.txt", b"", ["holds no text"]),
+    ("blank.txt", b" \n\n\t\n", ["holds no text"]),
+    ("bad.jsonl", b'{"text": "fine"}\n{"text": broken\n', ["bad.jsonl line 2 is not JSON"]),
+    ("fieldless.jsonl", b'{"body": "fine"}\n', ["--text_field"]),
+    ("one_line.txt", b"a single line without a break", ["too short to split"]),
+])
+def test_bad_input_leaves_the_prepared_folder_as_it_was(prepared, name, content, words_in_message):
+    tmp_path, out, before = prepared
+    (tmp_path / name).write_bytes(content)
+    one_line_error(run_prepare(f"--input={name}", f"--out_dir={out}", cwd=tmp_path, check=False), *words_in_message)
+    assert snapshot(out) == before  # no .partial left either
+
+
+def test_bad_input_into_a_new_folder_leaves_nothing(tmp_path):
+    (tmp_path / "one_line.txt").write_text("a single line")
+    one_line_error(run_prepare("--input=one_line.txt", "--out_dir=new/sub", cwd=tmp_path, check=False), "too short")
+    assert not os.path.exists(tmp_path / "new" / "sub")
+
+
+def test_changed_input_is_prepared_again_and_unchanged_input_is_not(prepared):
+    tmp_path, out, before = prepared
+    os.utime(tmp_path / "corpus.txt")  # touched, same text: nothing to redo
+    assert "already prepared" in run_prepare("--input=corpus.txt", cwd=tmp_path).stdout
+    assert snapshot(out) == before
+    text = (tmp_path / "corpus.txt").read_text()
+    (tmp_path / "corpus.txt").write_text(text.replace("to be", "TO BE"))  # same size, new text
+    assert "already prepared" not in run_prepare("--input=corpus.txt", cwd=tmp_path).stdout
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(out)))
+    assert "TO BE" in tokenizer.decode(tokens(out, "train").tolist())
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_rerun_with_fewer_shards_leaves_no_old_ones(prepared):
+    tmp_path, out, _ = prepared
+    (out / "train_00007.bin").write_bytes(b"\0\0")  # as if an earlier run had written shards
+    (tmp_path / "corpus.txt").write_text("new text\n" * 50)
+    run_prepare("--input=corpus.txt", cwd=tmp_path)
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_few_uneven_files_are_split_by_token_share(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = {"a.txt": "short one\nsecond line\n", "b.txt": "another short\nfile here\n",
+             "c.txt": "".join(f"the long document, line {i}\n" for i in range(400))}
+    for name, text in texts.items():
+        (corpus / name).write_text(text)
+    out = tmp_path / "out"
+    run_prepare(f"--input={corpus}", f"--out_dir={out}")
+    meta = prepare.load_meta(str(out))
+    assert 0.08 < meta["val_share"] < 0.12  # not c.txt whole, ~96% of the tokens
+    assert meta["val_works"] == ["a.txt[10:]", "b.txt[14:]", "c.txt[9970:]"]  # each document's last line(s)
+    assert meta["train_works"] == ["a.txt[:10]", "b.txt[:14]", "c.txt[:9970]"]
+    tokenizer = prepare.load_tokenizer(meta)
+    val = tokenizer.decode(tokens(out, "val").tolist())
+    assert [val[start:].split("\n")[0] for start in meta["val_doc_starts"]] == \
+        ["second line", "file here", "the long document, line 360"]
+
+
+def test_val_doc_starts_follow_the_end_of_text_token(tmp_path):
+    rng = random.Random(3)
+    path = tmp_path / "notes.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Note {i}. {words(rng, 30)}"}) + "\n" for i in range(30)))
+    run_prepare(f"--input={path}", "--tokenizer=gpt2", f"--out_dir={tmp_path / 'out'}")
+    meta = prepare.load_meta(str(tmp_path / "out"))
+    val = tokens(tmp_path / "out", "val")
+    starts = meta["val_doc_starts"]
+    assert starts == [0] + (np.flatnonzero(val[:-1] == EOT) + 1).tolist() and len(starts) == 3
+    enc = prepare.gpt2_encoding()
+    assert [enc.decode(val[s:s + 3].tolist()).split(".")[0] for s in starts] == ["Note 9", "Note 19", "Note 29"]
+    assert meta["max_token"] == EOT
+
+
+def test_out_dir_that_is_a_file(tmp_path):
+    (tmp_path / "corpus.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "taken").write_text("a file")
+    one_line_error(run_prepare("--input=corpus.txt", "--out_dir=taken", cwd=tmp_path, check=False),
+                   "--out_dir=taken is a file")
+    one_line_error(run_prepare("--input=corpus.txt", "--out_dir=taken/sub", cwd=tmp_path, check=False),
+                   "cannot write to taken/sub (Not a directory)")
+    assert (tmp_path / "taken").read_text() == "a file"
+
+
+def test_read_only_out_dir(prepared, monkeypatch, capsys):
+    tmp_path, out, before = prepared
+    (tmp_path / "corpus.txt").write_text("other text\n" * 30)
+    if os.geteuid() != 0:  # root writes anywhere: there, the refusal is simulated
+        os.chmod(out, 0o555)
+    else:
+        def refuse(path, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", path)
+        monkeypatch.setattr(os, "mkdir", refuse)
+    with pytest.raises(SystemExit) as error:
+        prepare.main(["--input=" + str(tmp_path / "corpus.txt"), f"--out_dir={out}", "--num_proc=1"])
+    os.chmod(out, 0o755)
+    monkeypatch.undo()
+    assert error.value.code == f"prepare.py: cannot write to {out} (Permission denied); pass a writable --out_dir"
+    assert snapshot(out) == before
+
+# -----------------------------------------------------------------------------
+# reading damaged data: one line naming the file and the command that makes it again
+
+
+def set_meta(out, drop=(), **changes):
+    meta = {key: value for key, value in json.loads((out / "meta.json").read_text()).items() if key not in drop}
+    (out / "meta.json").write_text(json.dumps({**meta, **changes}))
+
+
+DAMAGE = {
+    "empty train.bin": (lambda out: (out / "train.bin").write_bytes(b""), "train", "train.bin is empty"),
+    "odd train.bin": (lambda out: (out / "train.bin").write_bytes(b"\0" * 101), "train",
+                      "train.bin has an odd number of bytes (101)"),
+    "truncated train.bin": (lambda out: open(out / "train.bin", "r+b").truncate(100), "train",
+                            "train.bin holds 50 tokens, meta.json says"),
+    "missing val.bin": (lambda out: os.remove(out / "val.bin"), "val", "val.bin not found"),
+    "meta.json not JSON": (lambda out: (out / "meta.json").write_text('{"tokenizer": "char", '), "train",
+                           "meta.json is unreadable (JSONDecodeError)"),
+    "meta.json a list": (lambda out: (out / "meta.json").write_text("[1, 2]"), "train",
+                         "meta.json has no tokenizer, vocab_size, files, max_token"),
+    "meta.json from before max_token": (lambda out: set_meta(out, drop=["max_token"]), "train",
+                                        "meta.json has no max_token"),
+    "meta.json with a text count": (lambda out: set_meta(out, vocab_size="40"), "train",
+                                    "meta.json has malformed vocab_size, max_token or files"),
+    "max_token >= vocab_size": (lambda out: set_meta(out, max_token=999), "train", "records token id 999 in a vocabulary"),
+    "val.bin id >= vocab_size": (lambda out: open(out / "val.bin", "r+b").write(np.uint16(4000).tobytes()), "val",
+                                 "holds token id 4000, outside the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_data_is_one_line_naming_the_fix(prepared, damage):
+    tmp_path, out, _ = prepared
+    spoil, split, message = DAMAGE[damage]
+    spoil(out)
+    with pytest.raises(SystemExit) as error:
+        prepare.open_split(str(out), split)
+    text = error.value.code
+    assert message in text and "\n" not in text, text
+    assert text.endswith(f"run `python prepare.py --input=YOUR_CORPUS --out_dir={out}` again")
+
+
+def test_train_py_reports_damaged_data_in_one_line(prepared):
+    tmp_path, out, _ = prepared
+    (out / "train.bin").write_bytes(b"\0" * 101)
+    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--dataset=corpus_char", "--device=cpu"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "odd number of bytes" in result.stderr, result.stderr

@@ -180,7 +180,10 @@ def log_metrics(record):
 
 
 # -----------------------------------------------------------------------------
-globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], verbose=os.environ.get('RANK', '0') == '0'))
+# the type of each setting whose default is None, which configure cannot read off the default
+none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool}
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], types=none_default_types,
+                           script=__file__, verbose=os.environ.get('RANK', '0') == '0'))
 config = {k: globals()[k] for k in config_keys}  # what this run used, for the log and the checkpoint
 if init_from not in ('scratch', 'resume'):
     raise SystemExit(f"train.py: init_from={init_from!r}; use 'scratch' or 'resume'")
