@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from contextlib import nullcontext
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -240,6 +241,7 @@ if __name__ == '__main__':
     path = os.path.join(out_dir, ckpt)
     lm = ValueResidualLM(path, device=device, dtype=dtype, batch_size=batch_size, max_gen_toks=max_gen_toks)
     results = evaluate(lm, task_names, include_path, limit, num_fewshot, seed=seed)
+    results['config'].update(checkpoint=path, model_args=asdict(lm.model.config))  # what was evaluated
     print(make_table(results))
     if 'groups' in results:
         print(make_table(results, 'groups'))
