@@ -26,6 +26,8 @@ CHARS = sorted(set(''.join(ANSWERED) + ''.join(c for d in ITEMS for c in d['choi
 # block_size 48 is shorter than most questions, so every context is cut on the left
 TINY = dict(block_size=48, vocab_size=64, n_layer=3, n_head=2, n_embd=32)
 VARIANTS = ('vanilla', 'resformer_identity', 'svformer')
+CHAR_META = {'tokenizer': 'char', 'chars': CHARS, 'vocab_size': len(CHARS)}
+GPT2_META = {'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot_token': 50256}  # as prepare.py writes it
 
 
 @pytest.fixture(autouse=True)
@@ -37,10 +39,9 @@ def setup(monkeypatch):
     torch.set_num_threads(threads)
 
 
-def save_checkpoint(model, path):
+def save_checkpoint(model, path, data_meta=CHAR_META):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({'model': model.state_dict(), 'model_args': asdict(model.config), 'config': {},
-                'data_meta': {'tokenizer': 'char', 'chars': CHARS, 'vocab_size': len(CHARS)}}, path)
+    torch.save({'model': model.state_dict(), 'model_args': asdict(model.config), 'config': {}, 'data_meta': data_meta}, path)
     return path
 
 
@@ -63,12 +64,16 @@ def train_on_answers(variant, steps):
 
 @pytest.fixture(scope='module')
 def checkpoints(tmp_path_factory):
-    """variant -> path of a checkpoint with random weights; 'trained' -> an Identity ResFormer trained on the answers."""
+    """variant -> path of a character-level checkpoint with random weights; 'gpt2' -> a GPT-2 BPE one (vocabulary
+    padded to 50304, as train.py does); 'trained' -> an Identity ResFormer trained on the answers."""
     root = tmp_path_factory.mktemp('runs')
     paths = {}
     for variant in VARIANTS:
         torch.manual_seed(0)
         paths[variant] = save_checkpoint(GPT(GPTConfig(**TINY, variant=variant)), str(root / variant / 'ckpt.pt'))
+    torch.manual_seed(0)
+    gpt2 = GPT(GPTConfig(**(TINY | dict(block_size=8, vocab_size=50304)), variant='resformer_identity'))
+    paths['gpt2'] = save_checkpoint(gpt2, str(root / 'gpt2' / 'ckpt.pt'), GPT2_META)
     paths['trained'] = save_checkpoint(train_on_answers('resformer_identity', steps=40), str(root / 'trained' / 'ckpt.pt'))
     return paths
 
@@ -115,57 +120,62 @@ metric_list:
 
 
 def direct_log_prob(model, vocab_size, context, continuation):
-    """log P(continuation | context) from model.py alone: one sequence, the last block_size + 1 tokens."""
+    """(log P(continuation | context), whether it is the greedy continuation) from model.py alone: one sequence,
+    its last block_size + 1 tokens, probabilities over the tokenizer's vocabulary."""
     tokens = (context + continuation)[-(model.config.block_size + 1):]
     with torch.no_grad():
         logits = model(torch.tensor([tokens[:-1]]))[0][0, :, :vocab_size]
-    log_probs = F.log_softmax(logits.float(), dim=-1)
     n = len(continuation)
-    return sum(log_probs[len(tokens) - 1 - n + j, continuation[j]].item() for j in range(n))
+    log_probs = F.log_softmax(logits.float(), dim=-1)[len(tokens) - 1 - n:]
+    return (sum(log_probs[j, token].item() for j, token in enumerate(continuation)),
+            log_probs.argmax(dim=-1).tolist() == continuation)
 
 
 def samples(results, task):
     return results['samples'][task]
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant', VARIANTS + ('gpt2',))
 def test_loglikelihoods_equal_a_direct_computation(checkpoints, variant):
     lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=5)  # 48 requests: batches of 5, the last of 3
     results = evaluate(lm, ['tiny_choice'], log_samples=True)
-    encode = lm.tokenizer.encode
+    encode, vocab_size = lm.tokenizer.encode, lm.tokenizer.vocab_size
     items = samples(results, 'tiny_choice')
     assert len(items) == len(ITEMS)
     for item in items:
         for (context, continuation), [(log_prob, is_greedy)] in zip(item['arguments'], item['resps']):
-            expected = direct_log_prob(lm.model, len(CHARS), encode(context), encode(continuation))
+            expected, expected_greedy = direct_log_prob(lm.model, vocab_size, encode(context), encode(continuation))
             assert log_prob == pytest.approx(expected, abs=1e-5, rel=1e-5)
-            assert isinstance(is_greedy, bool)
+            assert is_greedy == expected_greedy
     assert results['results']['tiny_choice']['acc,none'] * len(ITEMS) == sum(
         max(range(4), key=lambda k: item['resps'][k][0][0]) == item['target'] for item in items)
 
 
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant', VARIANTS + ('gpt2',))
 def test_rolling_loglikelihood_equals_a_direct_computation(checkpoints, extra_tasks, variant):
     lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=4)
     results = evaluate(lm, ['tiny_rolling'], [LOCAL_TASKS_DIR, extra_tasks], log_samples=True)
-    model, L = lm.model, lm.max_length
-    newline = CHARS.index('\n')  # a character-level document follows a blank line
+    model, L, vocab_size = lm.model, lm.max_length, lm.tokenizer.vocab_size
+    # the token before a document: GPT-2's <|endoftext|>, or the newline that ends a character-level blank line
+    start_of_text = 50256 if variant == 'gpt2' else CHARS.index('\n')
+    lengths = []
     for item in samples(results, 'tiny_rolling'):
         [(text,)] = item['arguments']
         ids = lm.tokenizer.encode(text)
-        assert len(ids) > L  # a question three times: two windows or more
+        lengths.append(len(ids))
         # lm_eval's scheme: windows of L predictions, each token predicted once; the last window reads a full L
-        seq = [newline] + ids
+        seq = [start_of_text] + ids
         expected = 0.0
         for start in range(0, len(ids), L):
             end = min(start + L, len(ids))
             first = max(0, end - L)  # the window reads seq[first:end] and predicts ids[first:end]
             with torch.no_grad():
-                logits = model(torch.tensor([seq[first:end]]))[0][0, :, :len(CHARS)]
+                logits = model(torch.tensor([seq[first:end]]))[0][0, :, :vocab_size]
             log_probs = F.log_softmax(logits, dim=-1)
             expected += sum(log_probs[j - first, ids[j]].item() for j in range(start, end))
         [[log_prob]] = item['resps']
         assert log_prob == pytest.approx(expected, abs=1e-5, rel=1e-5)
+    assert max(lengths) > 2 * L  # a question three times: some texts need three windows or more
 
 
 def test_greedy_generate_until_equals_model_generate(checkpoints, extra_tasks):
