@@ -18,15 +18,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import asdict
 
-import torch
-import torch.nn.functional as F
-from tqdm import tqdm
-
-from configurator import configure
-from model import load_checkpoint, pick_device, pick_dtype
-from prepare import CHAR_SEPARATOR, load_tokenizer
-
-try:
+try:  # before torch, so that a missing lm_eval is reported at once
     import lm_eval
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -34,6 +26,14 @@ try:
     from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window, make_table
 except ImportError:
     raise SystemExit("eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`") from None
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from configurator import configure
+from model import load_checkpoint, pick_device, pick_dtype
+from prepare import CHAR_SEPARATOR, load_tokenizer
 
 # the benchmarks the paper reports, as lm_eval names them
 PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'

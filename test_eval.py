@@ -9,6 +9,7 @@ from dataclasses import asdict
 os.environ['HF_DATASETS_OFFLINE'] = '1'
 os.environ['HF_HUB_OFFLINE'] = '1'
 
+import lm_eval.evaluator
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ GPT2_META = {'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot_token': 50256}  # as
 @pytest.fixture(autouse=True)
 def setup(monkeypatch):
     monkeypatch.chdir(HERE)  # task YAMLs name their data files relative to the repository root
+    # lm_eval records the machine with each result through torch's collect_env, which runs pip and nvidia-smi:
+    # seconds per call. The command-line test keeps it.
+    monkeypatch.setattr(lm_eval.evaluator, 'add_env_info', lambda results: None)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # models this small only lose time to a second thread
     yield
