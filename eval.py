@@ -48,6 +48,7 @@ class ValueResidualLM(TemplateLM):
     in lm_eval's Hugging Face wrapper."""
 
     def __init__(self, checkpoint, device='auto', dtype='auto', batch_size=32, max_batch_size=None, max_gen_toks=256):
+        # max_batch_size: simple_evaluate hands it to every model; batches here are always batch_size
         super().__init__()
         device = pick_device(device)
         device_type = device.split(':')[0]
@@ -80,14 +81,13 @@ class ValueResidualLM(TemplateLM):
         return self.tokenizer.decode(tokens)
 
     @torch.no_grad()
-    def _log_probs(self, windows):
-        """Log-softmax over the real vocabulary, float32, for a batch of token lists: (B, longest, vocab_size)."""
+    def _logits(self, windows):
+        """The model's logits for a batch of token lists, (B, longest, padded vocab), right-padded: the model is
+        causal, so padding after a window never changes the window's logits."""
         longest = max(len(w) for w in windows)
-        # right padding: the model is causal, so padding after a window never changes the window's logits
         x = torch.tensor([w + [0] * (longest - len(w)) for w in windows], device=self._device)
         with self.autocast:
-            logits = self.model(x)[0]
-        return F.log_softmax(logits[..., :self.vocab_size].float(), dim=-1)
+            return self.model(x)[0]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, desc='loglikelihood requests'):
         """(log P(continuation | context), whether greedy decoding gives the continuation) per (key, context, continuation)."""
@@ -99,16 +99,18 @@ class ValueResidualLM(TemplateLM):
             batch = order[start:start + self.batch_size]
             # the last block_size + 1 tokens; the model reads all but the last and predicts all but the first
             tokens = [(requests[i][1] + requests[i][2])[-(self.max_length + 1):] for i in batch]
-            log_probs = self._log_probs([t[:-1] for t in tokens])
-            for i, t, lp in zip(batch, tokens, log_probs):
+            logits = self._logits([t[:-1] for t in tokens])
+            for i, t, row in zip(batch, tokens, logits):
                 key, _, continuation = requests[i]
-                if len(continuation) >= len(t):
-                    raise SystemExit(f"eval.py: a continuation of {len(continuation)} tokens does not fit the model's "
-                                     f"block_size of {self.max_length}; evaluate on a task with shorter answers")
                 n = len(continuation)
-                target = torch.tensor(continuation, device=lp.device)
-                predicted = lp[len(t) - 1 - n:len(t) - 1]  # the positions whose next token is the continuation
-                results[i] = (predicted.gather(1, target[:, None]).sum().item(), bool((predicted.argmax(1) == target).all()))
+                if n >= len(t):
+                    raise SystemExit(f"eval.py: a continuation of {n} tokens does not fit the model's block_size "
+                                     f"of {self.max_length}; evaluate on a task with shorter answers")
+                # only the positions that predict the continuation, in float32, over the tokenizer's real vocabulary
+                log_probs = F.log_softmax(row[len(t) - 1 - n:len(t) - 1, :self.vocab_size].float(), dim=-1)
+                target = torch.tensor(continuation, device=log_probs.device)
+                results[i] = (log_probs.gather(1, target[:, None]).sum().item(),
+                              bool((log_probs.argmax(1) == target).all()))
                 if key is not None:
                     self.cache_hook.add_partial('loglikelihood', key, results[i])
             progress.update(len(batch))
@@ -147,7 +149,7 @@ class ValueResidualLM(TemplateLM):
             until = gen_kwargs.get('until', [])
             until = [until] if isinstance(until, str) else until
             max_new_tokens = gen_kwargs.get('max_gen_toks', self.max_gen_toks)
-            temperature = gen_kwargs.get('temperature', 0.0) if gen_kwargs.get('do_sample', False) else 0.0
+            temperature = gen_kwargs.get('temperature', 1.0) if gen_kwargs.get('do_sample', False) else 0.0
             for start in range(0, len(members), self.batch_size):
                 batch = members[start:start + self.batch_size]
                 texts = self._generate([ids for _, ids in batch], until, max_new_tokens, temperature)
