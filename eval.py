@@ -208,11 +208,11 @@ def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=No
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
                                        num_fewshot=num_fewshot, log_samples=log_samples, random_seed=seed,
                                        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
-    except (OSError, ConnectionError) as e:  # the hub is unreachable, offline mode is on, or a local file is missing
+    except OSError as e:  # ConnectionError too: the hub is unreachable or offline mode is on; or a local file is missing
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"eval.py: could not load a task's data ({reason}); the paper's tasks download from the "
-                         f"Hugging Face hub, so run with network access (and HF_DATASETS_OFFLINE unset), "
-                         f"or once online to fill the cache") from None
+        raise SystemExit(f"eval.py: could not load a task's data ({reason}); the paper's tasks download it from the "
+                         f"Hugging Face hub, so they need the network (and HF_DATASETS_OFFLINE unset); local tasks "
+                         f"name their files relative to the repository root, so run eval.py from there") from None
 
 
 if __name__ == '__main__':
