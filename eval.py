@@ -119,7 +119,7 @@ class ValueResidualLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
         """Log-likelihood of each whole text, read in windows of block_size tokens (lm_eval's perplexity scheme:
-        every token predicted once, the first one from the end-of-text token)."""
+        every token predicted once, the first one from eot_token_id)."""
         windows, owners = [], []
         for n, (text,) in enumerate(req.args for req in requests):
             for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
