@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from eval import LOCAL_TASKS_DIR, ValueResidualLM, evaluate
 from model import GPT, GPTConfig
-from prepare import load_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EVAL_PY = os.path.join(HERE, 'eval.py')
@@ -24,7 +23,7 @@ ITEMS = [json.loads(line) for line in open(os.path.join(LOCAL_TASKS_DIR, 'tiny_c
 # each item as the task writes it, answer included: what the "trained on its answers" model learns
 ANSWERED = [f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in ITEMS]
 CHARS = sorted(set(''.join(ANSWERED) + ''.join(c for d in ITEMS for c in d['choices'])))
-# block_size 48 is shorter than most questions, so every context is cut on the left
+# block_size 48 is shorter than most items, so most contexts are cut on the left
 TINY = dict(block_size=48, vocab_size=64, n_layer=3, n_head=2, n_embd=32)
 VARIANTS = ('vanilla', 'resformer_identity', 'svformer')
 CHAR_META = {'tokenizer': 'char', 'chars': CHARS, 'vocab_size': len(CHARS)}
