@@ -51,7 +51,7 @@ device = 'auto'  # 'auto' picks cuda, then mps, then cpu
 dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
 compile = False  # torch.compile every training model (ours and the references)
 seed = 1337
-out = 'bench.json'
+out = 'bench.json'  # (ignored by git)
 smoke = False  # tiny shape and counts: checks that every section runs, in seconds; its numbers mean nothing
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
