@@ -40,7 +40,7 @@ presets = 'all'  # comma-separated names from model.VARIANTS, or 'all'; vanilla 
 rounds = 15  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
-decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt)
+decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt); () = skip
 decode_rounds = 1
 loop_rounds = 2  # train.py runs per length for the training-loop throughput (0 = skip)
 loop_iters = (100, 200)  # train.py runs this long; the difference in wall time is the cost of the extra steps
@@ -51,7 +51,7 @@ device = 'auto'  # 'auto' picks cuda, then mps, then cpu
 dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
 compile = False  # torch.compile every training model (ours and the references)
 seed = 1337
-out = 'bench.json'  # (ignored by git)
+out = 'bench.json'  # the report as JSON, with every per-round timing
 smoke = False  # tiny shape and counts: checks that every section runs, in seconds; its numbers mean nothing
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
@@ -87,7 +87,8 @@ if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 dims, cpu_bt, gpu_bt = SHAPES[shape]
-B, T = batch_size or (gpu_bt if device_type == 'cuda' else cpu_bt)[0], block_size or (gpu_bt if device_type == 'cuda' else cpu_bt)[1]
+B, T = gpu_bt if device_type == 'cuda' else cpu_bt
+B, T = batch_size or B, block_size or T
 L, d, H, V = dims['n_layer'], dims['n_embd'], dims['n_head'], dims['vocab_size']
 notes = []  # what was skipped, and why
 
@@ -105,11 +106,8 @@ def load_module(name, path):
 
 
 def adamw(model):
-    """The optimizer train.py uses (model.configure_optimizers), for the reference models."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': 0.1},
-              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-    return torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=device_type == 'cuda')
+    """The AdamW that train.py builds (it only reads model.parameters()), for any of the models."""
+    return GPT.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device_type)
 
 
 def flops(non_embedding_params):
@@ -123,8 +121,7 @@ def flops(non_embedding_params):
 def ours(variant):
     def build():
         model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
-        optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
-        return model, lambda m, x, y: m(x, y)[1], optimizer, model.flops_per_token(T)
+        return model, lambda m, x, y: m(x, y)[1], adamw(model), model.flops_per_token(T)
     return variant, build
 
 
@@ -324,28 +321,32 @@ else:
 # --------------------------------------------------------------------------- 3. decoding
 # The small shape's block_size is 128, so its RoPE table is made long enough for prompt + new tokens: the weights
 # do not depend on it, and a 128-token cache would be refilled from scratch at every step past 128.
-prompt = torch.randint(dims['vocab_size'], (1, 16), generator=torch.Generator().manual_seed(seed)).to(device)
-decoders = {}
-for name in names:
-    torch.manual_seed(seed)
-    decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
-progress.total += decode_rounds * len(names) * len(decode_tokens) * 2
-decode_times = {(name, n, cache): [] for name in names for n in decode_tokens for cache in (True, False)}
-for r in range(decode_rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-        for n in decode_tokens:
-            for cache in (True, False):
-                progress.set_description(f'decode {name} {n} {"cached" if cache else "recompute"}')
-                with autocast:
-                    s = timed(lambda: list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=cache)), 1)
-                decode_times[name, n, cache].append(s)
-                progress.update(1)
-decoders.clear()
-results['decode'] = [{'variant': name, 'new_tokens': n,
-                      'cached_tokens_per_s': n / statistics.median(decode_times[name, n, True]),
-                      'recompute_tokens_per_s': n / statistics.median(decode_times[name, n, False]),
-                      'speedup': statistics.median(decode_times[name, n, False]) / statistics.median(decode_times[name, n, True])}
-                     for name in names for n in decode_tokens]
+results['decode'] = []
+if decode_tokens:
+    prompt = torch.randint(dims['vocab_size'], (1, 16), generator=torch.Generator().manual_seed(seed)).to(device)
+    decoders = {}
+    for name in names:
+        torch.manual_seed(seed)
+        decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
+    progress.total += decode_rounds * len(names) * len(decode_tokens) * 2
+    decode_times = {(name, n, cache): [] for name in names for n in decode_tokens for cache in (True, False)}
+    for r in range(decode_rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for n in decode_tokens:
+                for cache in (True, False):
+                    progress.set_description(f'decode {name} {n} {"cached" if cache else "recompute"}')
+                    with autocast:
+                        s = timed(lambda: list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=cache)), 1)
+                    decode_times[name, n, cache].append(s)
+                    progress.update(1)
+    decoders.clear()
+    results['decode'] = [{'variant': name, 'new_tokens': n,
+                          'cached_tokens_per_s': n / statistics.median(decode_times[name, n, True]),
+                          'recompute_tokens_per_s': n / statistics.median(decode_times[name, n, False]),
+                          'speedup': statistics.median(decode_times[name, n, False]) / statistics.median(decode_times[name, n, True])}
+                         for name in names for n in decode_tokens]
+else:
+    notes.append("decoding skipped (--decode_tokens=())")
 
 # --------------------------------------------------------------------------- 4. KV cache bytes
 # Filled by a real forward of 2,048 tokens on the 'meta' device: the cache our code builds, without the memory.
@@ -462,12 +463,13 @@ if 'loop' in results:
                        f"{lp['bare_tokens_per_s']:,.0f}" if lp['bare_step_s'] else '-', '1.000'],
                       ['train.py loop', f"{1e3 * lp['step_s']:.1f}", f"{lp['tokens_per_s']:,.0f}",
                        f"{lp['step_s'] / lp['bare_step_s']:.3f}" if lp['bare_step_s'] else '-']])]
-report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}; KV cache against full recompute", '',
-           table(['variant'] + [c for n in decode_tokens for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}', f'speedup @{n}')],
-                 [[name] + [c for n in decode_tokens for row in results['decode'] if row['variant'] == name and row['new_tokens'] == n
-                            for c in (f"{row['cached_tokens_per_s']:,.0f}", f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
-                  for name in names]),
-           '', f"## KV cache at {KV_CONTEXT} context, batch 1, {dtype}", '',
+if results['decode']:
+    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}; KV cache against full recompute", '',
+               table(['variant'] + [c for n in decode_tokens for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}', f'speedup @{n}')],
+                     [[name] + [c for n in decode_tokens for row in results['decode'] if row['variant'] == name and row['new_tokens'] == n
+                                for c in (f"{row['cached_tokens_per_s']:,.0f}", f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
+                      for name in names])]
+report += ['', f"## KV cache at {KV_CONTEXT} context, batch 1, {dtype}", '',
            table(['shape', 'variant', 'KV bytes', 'vs vanilla', 'formula', 'matches'],
                  [[r['shape'], r['variant'], f"{r['bytes']:,}", f"{r['ratio']:.4f}", r['formula'], 'yes' if r['matches'] else 'NO']
                   for r in results['kv']])]
