@@ -91,6 +91,7 @@ B, T = gpu_bt if device_type == 'cuda' else cpu_bt
 B, T = batch_size or B, block_size or T
 L, d, H, V = dims['n_layer'], dims['n_embd'], dims['n_head'], dims['vocab_size']
 notes = []  # what was skipped, and why
+HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
 
 
 def sync():
@@ -290,33 +291,35 @@ for name, _ in contenders:
 # loop does (data loading, logging, checks, syncs, and its evaluation and checkpoint every eval_interval steps),
 # while start-up and the first evaluation, the same in both runs, cancel out.
 loop_variant = 'resformer_identity'
-if loop_rounds and shape == 'small' and not (batch_size or block_size) or smoke:
-    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'shakespeare_char')):
-        notes.append("train.py loop skipped: no data/shakespeare_char; run `python prepare.py` first")
-    else:
-        progress.total += 2 * loop_rounds
-        walls = {n: [] for n in loop_iters}
-        with tempfile.TemporaryDirectory() as tmp:
-            for r in range(loop_rounds):
-                for n in loop_iters:
-                    progress.set_description(f'train.py loop {r + 1}/{loop_rounds} max_iters={n}')
-                    cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}', f'--out_dir={tmp}',
-                           f'--device={device}', f'--dtype={dtype}', f'--compile={compile}', f'--batch_size={B}',
-                           f'--block_size={T}']
-                    t0 = time.perf_counter()
-                    run = subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True)
-                    walls[n].append(time.perf_counter() - t0)
-                    if run.returncode:
-                        raise SystemExit(f"bench.py: {' '.join(cmd)} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
-                    progress.update(1)
-        loop_s = (statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)])) / (max(loop_iters) - min(loop_iters))
-        bare_s = next((row['step_s'] for row in results['train'] if row['contender'] == loop_variant), None)
-        results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
-                           'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
-        if bare_s is None:
-            notes.append(f"train.py loop: no bare-step row for {loop_variant} to compare with (not in --presets)")
+data_dir = os.path.join(HERE, 'data', 'shakespeare_char')
+if not loop_rounds:
+    notes.append("train.py loop skipped (--loop_rounds=0)")
+elif shape != 'small':
+    notes.append("train.py loop skipped: it runs on train.py's own data, at the small shape only")
+elif not os.path.exists(data_dir):
+    notes.append("train.py loop skipped: no data/shakespeare_char; run `python prepare.py` first")
 else:
-    notes.append("train.py loop skipped: it is measured at train.py's own shape (--shape=small, no batch/block override)")
+    progress.total += 2 * loop_rounds
+    walls = {n: [] for n in loop_iters}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(loop_rounds):
+            for n in loop_iters:
+                progress.set_description(f'train.py loop {r + 1}/{loop_rounds} max_iters={n}')
+                cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}', f'--out_dir={tmp}',
+                       f'--device={device}', f'--dtype={dtype}', f'--compile={compile}', f'--batch_size={B}',
+                       f'--block_size={T}']
+                t0 = time.perf_counter()
+                run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
+                walls[n].append(time.perf_counter() - t0)
+                if run.returncode:
+                    raise SystemExit(f"bench.py: {' '.join(cmd)} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+                progress.update(1)
+    loop_s = (statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)])) / (max(loop_iters) - min(loop_iters))
+    bare_s = next((row['step_s'] for row in results['train'] if row['contender'] == loop_variant), None)
+    results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
+                       'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
+    if bare_s is None:
+        notes.append(f"train.py loop: no bare-step row for {loop_variant} to compare with (not in --presets)")
 
 # --------------------------------------------------------------------------- 3. decoding
 # The small shape's block_size is 128, so its RoPE table is made long enough for prompt + new tokens: the weights
@@ -415,7 +418,7 @@ elif memory:
     for name in memory_names:
         progress.set_description(f'memory {name}')
         run = subprocess.run([sys.executable, '-c', MEMORY_CHILD, json.dumps([name, dims, B, T, device, dtype])],
-                             cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True)
+                             cwd=HERE, capture_output=True, text=True)
         if run.returncode:
             raise SystemExit(f"bench.py: measuring the memory of {name} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
         results['memory'].append({'variant': name} | json.loads(run.stdout.strip().splitlines()[-1]))
