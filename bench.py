@@ -37,7 +37,7 @@ shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' o
 batch_size = 0  # sequences per training step; 0 = the shape's default for this device
 block_size = 0  # tokens per sequence; 0 = the shape's default for this device
 presets = 'all'  # comma-separated names from model.VARIANTS, or 'all'; vanilla is always included
-rounds = 15  # each round times every contender once, in a rotated order
+rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
 decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt); () = skip
