@@ -56,6 +56,9 @@ smoke = False  # tiny shape and counts: checks that every section runs, in secon
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 argv = ['--smoke=True' if arg == '--smoke' else arg for arg in sys.argv[1:]]  # the one flag that needs no value
+if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
+    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 2, 1, 1, (2, 4), 1, 1, (1, 2)
+    batch_size, block_size = 2, 32
 globals().update(configure({k: globals()[k] for k in config_keys}, argv))
 # -----------------------------------------------------------------------------
 
@@ -70,9 +73,6 @@ DATASHEET_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 
 OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py', 'official resformer': 'modeling_llama_resformer.py',
                   'official svformer': 'modeling_llama_svformer.py'}
 
-if smoke:
-    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 2, 1, 1, (2, 4), 1, 1, (1, 2)
-    batch_size, block_size = batch_size or 2, block_size or 32
 if shape not in SHAPES:
     raise SystemExit(f"bench.py: shape={shape!r}; use one of {', '.join(SHAPES)}")
 names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
@@ -221,7 +221,8 @@ class Trainer:
 
 
 def matmul_peak():
-    """(FLOP per call, call): the largest matmul this device runs fast, fp32 on a CPU and bf16 on a GPU."""
+    """(FLOP per call, calls per timing, description, call): a square matmul large enough to run at the device's
+    peak, fp32 on a CPU and bf16 on a GPU."""
     n, mm_dtype, reps = (8192, torch.bfloat16, 20) if device_type == 'cuda' else (2048, torch.float32, 2)
     a, b = torch.randn(n, n, device=device, dtype=mm_dtype), torch.randn(n, n, device=device, dtype=mm_dtype)
     return 2 * n ** 3, reps, f"{n}x{n} {str(mm_dtype).split('.')[1]} matmul", lambda: a @ b
@@ -285,6 +286,11 @@ for name, _ in contenders:
                              'step_s_per_round': times[name], 'tokens_per_s': B * T / step_s, 'flops_per_s': achieved,
                              'fraction_of_matmul_peak': achieved / peak,
                              'vs_vanilla': summary([t / v for t, v in zip(times[name], times['vanilla'])])})
+# the official ResFormer and SVFormer against the official baseline, as ours against vanilla
+official_base = next((name for name, _ in contenders if name.startswith('official baseline')), None)
+official_ratios = {name: summary([t / b for t, b in zip(times[name], times[official_base])])
+                   for name, _ in contenders if official_base and name.startswith('official') and name != official_base}
+results['official_vs_official_baseline'] = official_ratios
 
 # --------------------------------------------------------------------------- 2. train.py's loop against the bare step
 # train.py is run for two lengths: the difference in wall time is the cost of the extra steps with everything the
@@ -458,6 +464,9 @@ report = [f"## Training step: shape {shape} (L={L}, d={d}, heads={H}, vocab={V})
                 [[r['contender'], f"{r['params'] / 1e6:.2f}M", f"{1e3 * r['step_s']:.1f}", f"{r['vs_vanilla']['median']:.3f}",
                   f"{r['vs_vanilla']['min']:.3f}-{r['vs_vanilla']['max']:.3f}", f"{r['tokens_per_s']:,.0f}",
                   si(r['flops_per_s'], 'FLOP/s'), f"{100 * r['fraction_of_matmul_peak']:.1f}"] for r in results['train']])]
+if official_ratios:
+    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+                      for name, s in official_ratios.items()]
 if 'loop' in results:
     lp = results['loop']
     report += ['', f"## train.py's loop against the bare step ({lp['variant']}, same shape)", '',
