@@ -322,8 +322,11 @@ else:
                 progress.update(1)
     loop_s = (statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)])) / (max(loop_iters) - min(loop_iters))
     bare_s = next((row['step_s'] for row in results['train'] if row['contender'] == loop_variant), None)
-    results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
-                       'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
+    if loop_s <= 0:
+        notes.append("train.py loop: the longer runs were not slower (machine noise); raise loop_iters or loop_rounds")
+    else:
+        results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
+                           'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
     if bare_s is None:
         notes.append(f"train.py loop: no bare-step row for {loop_variant} to compare with (not in --presets)")
 
