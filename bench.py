@@ -1,0 +1,507 @@
+"""
+What each variant costs, measured here: training step time against vanilla, model FLOP/s against this machine's
+own matmul peak (and against nanoGPT's and the official code's models at the same shape), decoding speed with
+the KV cache against full recompute, KV cache bytes, and peak memory. Every contender lives in this one process
+and they take turns, round by round, so noise from the machine hits them all alike.
+
+    python bench.py                              # train.py's default shape (the README's main job), CPU or CUDA
+    python bench.py --shape=82m                  # the paper's 82M model
+    python bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
+    python bench.py --compile=True --dtype=bfloat16
+    python bench.py --smoke                      # seconds: tiny counts, to check that everything runs
+
+Prints markdown tables and writes them, with every per-round timing, as JSON to `out`. The reference models
+are local copies that this repository does not ship: nanoGPT's model.py (github.com/karpathy/nanoGPT) and the
+official modeling_llama_{baseline,resformer,svformer}.py (github.com/Zcchill/Value-Residual-Learning,
+src/modeling; they need transformers==4.44.2). Rows whose files or packages are missing are skipped with a note.
+"""
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from fractions import Fraction
+
+import torch
+from tqdm import tqdm
+
+from configurator import configure
+from model import GPT, VARIANTS, GPTConfig, pick_device, pick_dtype
+
+# -----------------------------------------------------------------------------
+shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' or '468m': see SHAPES
+batch_size = 0  # sequences per training step; 0 = the shape's default for this device
+block_size = 0  # tokens per sequence; 0 = the shape's default for this device
+presets = 'all'  # comma-separated names from model.VARIANTS, or 'all'; vanilla is always included
+rounds = 10  # each round times every contender once, in a rotated order
+steps = 4  # timed training steps per contender and round
+warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
+decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt); () = skip
+decode_rounds = 1
+loop_rounds = 2  # train.py runs per length for the training-loop throughput (0 = skip)
+loop_iters = (100, 200)  # train.py runs this long; the difference in wall time is the cost of the extra steps
+memory = True  # peak memory per preset, each in a fresh process
+nanogpt = ''  # path to a copy of nanoGPT's model.py ('' = skip its row)
+official = ''  # folder with the official modeling_llama_{baseline,resformer,svformer}.py ('' = skip)
+device = 'auto'  # 'auto' picks cuda, then mps, then cpu
+dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
+compile = False  # torch.compile every training model (ours and the references)
+seed = 1337
+out = 'bench.json'  # the report as JSON, with every per-round timing
+smoke = False  # tiny shape and counts: checks that every section runs, in seconds; its numbers mean nothing
+config_keys = [k for k, v in globals().items() if not k.startswith('_')
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+argv = ['--smoke=True' if arg == '--smoke' else arg for arg in sys.argv[1:]]  # the one flag that needs no value
+if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
+    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 2, 1, 1, (2, 4), 1, 1, (1, 2)
+    batch_size, block_size = 2, 32
+globals().update(configure({k: globals()[k] for k in config_keys}, argv))
+# -----------------------------------------------------------------------------
+
+# model shape, then (batch, T) on a CPU and on a GPU; 'small' is train.py's defaults (84 characters padded to 128)
+SHAPES = {
+    'small': (dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128), (16, 128), (16, 128)),
+    '82m': (dict(n_layer=8, n_head=8, n_embd=512, vocab_size=50304), (2, 256), (16, 2048)),
+    '468m': (dict(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304), (1, 256), (8, 2048)),
+}
+# dense bf16 TFLOP/s from the datasheets (as train.py's PEAK_TFLOPS), printed next to the measured matmul peak
+DATASHEET_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0}
+OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py', 'official resformer': 'modeling_llama_resformer.py',
+                  'official svformer': 'modeling_llama_svformer.py'}
+
+if shape not in SHAPES:
+    raise SystemExit(f"bench.py: shape={shape!r}; use one of {', '.join(SHAPES)}")
+names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
+if unknown := [p for p in names if p not in VARIANTS]:
+    raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+device = pick_device(device)
+device_type = device.split(':')[0]
+dtype = pick_dtype(dtype, device_type)
+ptdtype = getattr(torch, dtype)
+autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=ptdtype)
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+dims, cpu_bt, gpu_bt = SHAPES[shape]
+B, T = gpu_bt if device_type == 'cuda' else cpu_bt
+B, T = batch_size or B, block_size or T
+L, d, H, V = dims['n_layer'], dims['n_embd'], dims['n_head'], dims['vocab_size']
+notes = []  # what was skipped, and why
+HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
+
+
+def sync():
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def adamw(model):
+    """The AdamW that train.py builds (it only reads model.parameters()), for any of the models."""
+    return GPT.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device_type)
+
+
+def flops(non_embedding_params):
+    """Training FLOPs per token, the formula of model.flops_per_token (and nanoGPT's estimate_mfu): 6N + 12·L·d·T."""
+    return 6 * non_embedding_params + 12 * L * d * T
+
+
+# --------------------------------------------------------------------------- contenders
+# Each is (name, build), build() -> (model, loss(model, x, y), optimizer, FLOPs per token), seeded alike.
+
+def ours(variant):
+    def build():
+        model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
+        return model, lambda m, x, y: m(x, y)[1], adamw(model), model.flops_per_token(T)
+    return variant, build
+
+
+def nanogpt_model():
+    """nanoGPT's GPT-2: LayerNorm, GELU MLP of 4d, learned positions, tied embeddings, no biases, at our shape."""
+    module = load_module('nanogpt_model', nanogpt)
+
+    def build():
+        model = module.GPT(module.GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=d, dropout=0.0,
+                                            bias=False)).to(device)
+        return model, lambda m, x, y: m(x, y)[1], adamw(model), flops(model.get_num_params())  # wpe left out
+    return 'nanoGPT', build
+
+
+def official_model(name, path):
+    """The official Hugging Face Llama (baseline, Identity ResFormer or SVFormer) at our shape. Its patched
+    files have eager attention (and flash_attention_2 on CUDA with flash-attn installed), no SDPA."""
+    module = load_module(name.replace(' ', '_'), path)
+    from transformers import LlamaConfig
+    attn = 'flash_attention_2' if device_type == 'cuda' and importlib.util.find_spec('flash_attn') else 'eager'
+
+    def build():
+        config = LlamaConfig(vocab_size=V, hidden_size=d, intermediate_size=round(3.5 * d), num_hidden_layers=L,
+                             num_attention_heads=H, num_key_value_heads=H, max_position_embeddings=T, rms_norm_eps=1e-5,
+                             tie_word_embeddings=False, use_cache=False, attn_implementation=attn)
+        model = module.LlamaForCausalLM(config).to(device)
+        n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
+        # it shifts the labels itself, so x serves as labels: a loss over T - 1 positions, as good as T for timing
+        return model, lambda m, x, y: m(input_ids=x, labels=x).loss, adamw(model), flops(n)
+    return f'{name} ({attn})', build
+
+
+contenders = [ours(v) for v in names]
+if nanogpt:
+    if os.path.exists(nanogpt):
+        contenders.append(nanogpt_model())
+    else:
+        notes.append(f"nanoGPT row skipped: {nanogpt} not found")
+else:
+    notes.append("nanoGPT row skipped: pass --nanogpt=PATH/model.py (a copy of karpathy/nanoGPT's model.py)")
+if official:
+    try:
+        for name, file in OFFICIAL_FILES.items():
+            if os.path.exists(os.path.join(official, file)):
+                contenders.append(official_model(name, os.path.join(official, file)))
+            else:
+                notes.append(f"{name} row skipped: {os.path.join(official, file)} not found")
+    except Exception as e:  # most often: no transformers, or a version whose internals the patched file predates
+        notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} (they need transformers==4.44.2)")
+else:
+    notes.append("official rows skipped: pass --official=FOLDER holding Zcchill/Value-Residual-Learning's src/modeling files")
+
+
+# --------------------------------------------------------------------------- timing helpers
+
+def timed(fn, n):
+    """Seconds per call of fn, over n calls, with the device drained before and after (not in between)."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
+def summary(values):
+    return {'median': statistics.median(values), 'min': min(values), 'max': max(values)}
+
+
+class Trainer:
+    """One contender's model, optimizer and batches; step() is the bare training step of train.py, without its
+    data loading, logging or checks: forward, backward, clipping and the AdamW update."""
+
+    def __init__(self, build):
+        torch.manual_seed(seed)
+        model, self.loss, self.optimizer, self.flops_per_token = build()
+        self.params = sum(p.numel() for p in model.parameters())
+        self.model = torch.compile(model) if compile else model
+        self.scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+        g = torch.Generator().manual_seed(seed)
+        rows = [torch.randint(V, (B, T + 1), generator=g) for _ in range(2)]
+        self.batches = [(r[:, :-1].contiguous().to(device), r[:, 1:].contiguous().to(device)) for r in rows]
+        self.n = 0
+
+    def step(self):
+        x, y = self.batches[self.n % len(self.batches)]
+        self.n += 1
+        with autocast:
+            loss = self.loss(self.model, x, y)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def matmul_peak():
+    """(FLOP per call, calls per timing, description, call): a square matmul large enough to run at the device's
+    peak, fp32 on a CPU and bf16 on a GPU."""
+    n, mm_dtype, reps = (8192, torch.bfloat16, 20) if device_type == 'cuda' else (2048, torch.float32, 2)
+    a, b = torch.randn(n, n, device=device, dtype=mm_dtype), torch.randn(n, n, device=device, dtype=mm_dtype)
+    return 2 * n ** 3, reps, f"{n}x{n} {str(mm_dtype).split('.')[1]} matmul", lambda: a @ b
+
+
+def available_bytes():
+    if device_type == 'cuda':
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+
+
+# --------------------------------------------------------------------------- 1. training step, FLOP/s
+progress = tqdm(desc='bench', total=0, dynamic_ncols=True, mininterval=1.0)
+results = {'settings': {k: globals()[k] for k in config_keys}, 'torch': torch.__version__, 'device': device,
+           'device_name': torch.cuda.get_device_name() if device_type == 'cuda' else f'cpu, {torch.get_num_threads()} threads',
+           'dtype': dtype, 'shape': dict(dims, batch_size=B, block_size=T)}
+
+# Keep every model built if all fit comfortably (weights, gradients and AdamW state are ~16 bytes a parameter,
+# activations aside); otherwise rebuild each one in every round, which costs time but not accuracy.
+with torch.device('meta'):
+    vanilla_params = sum(p.numel() for p in GPT(GPTConfig(variant='vanilla', block_size=T, **dims)).parameters())
+resident = 20 * vanilla_params * len(contenders) < available_bytes() / 2
+info = {}  # name -> (parameters, FLOPs per token)
+
+
+def ready(name, build):
+    progress.set_description(f'build {name}')
+    trainer = Trainer(build)
+    for _ in range(warmup):
+        trainer.step()
+    info[name] = trainer.params, trainer.flops_per_token
+    return trainer
+
+
+mm_flop, mm_reps, mm_name, mm_call = matmul_peak()
+progress.total += rounds * (len(contenders) + 1)
+trainers = {name: ready(name, build) for name, build in contenders} if resident else {}
+times = {name: [] for name, _ in contenders}
+mm_times = []
+for r in range(rounds):
+    for name, build in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+        trainer = trainers[name] if resident else ready(name, build)
+        progress.set_description(f'round {r + 1}/{rounds} {name}')
+        times[name].append(timed(trainer.step, steps))
+        del trainer
+        progress.update(1)
+    mm_times.append(timed(mm_call, mm_reps))
+    progress.update(1)
+trainers.clear()
+
+peak = mm_flop / min(mm_times)  # a peak is what the device can do: the fastest round
+datasheet = next((tf for gpu, tf in DATASHEET_TFLOPS.items() if device_type == 'cuda' and gpu in results['device_name']), 0)
+results['matmul'] = {'what': mm_name, 'flops_per_s': peak, 'median_flops_per_s': mm_flop / statistics.median(mm_times),
+                     'datasheet_bf16_flops_per_s': datasheet * 1e12 or None}
+results['train'] = []
+for name, _ in contenders:
+    params, fpt = info[name]
+    step_s = statistics.median(times[name])
+    achieved = fpt * B * T / step_s
+    results['train'].append({'contender': name, 'params': params, 'flops_per_token': fpt, 'step_s': step_s,
+                             'step_s_per_round': times[name], 'tokens_per_s': B * T / step_s, 'flops_per_s': achieved,
+                             'fraction_of_matmul_peak': achieved / peak,
+                             'vs_vanilla': summary([t / v for t, v in zip(times[name], times['vanilla'])])})
+# the official ResFormer and SVFormer against the official baseline, as ours against vanilla
+official_base = next((name for name, _ in contenders if name.startswith('official baseline')), None)
+official_ratios = {name: summary([t / b for t, b in zip(times[name], times[official_base])])
+                   for name, _ in contenders if official_base and name.startswith('official') and name != official_base}
+results['official_vs_official_baseline'] = official_ratios
+
+# --------------------------------------------------------------------------- 2. train.py's loop against the bare step
+# train.py is run for two lengths: the difference in wall time is the cost of the extra steps with everything the
+# loop does (data loading, logging, checks, syncs, and its evaluation and checkpoint every eval_interval steps),
+# while start-up and the first evaluation, the same in both runs, cancel out.
+loop_variant = 'resformer_identity'
+data_dir = os.path.join(HERE, 'data', 'shakespeare_char')
+if not loop_rounds:
+    notes.append("train.py loop skipped (--loop_rounds=0)")
+elif shape != 'small':
+    notes.append("train.py loop skipped: it runs on train.py's own data, at the small shape only")
+elif not os.path.exists(data_dir):
+    notes.append("train.py loop skipped: no data/shakespeare_char; run `python prepare.py` first")
+else:
+    progress.total += 2 * loop_rounds
+    walls = {n: [] for n in loop_iters}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(loop_rounds):
+            for n in loop_iters:
+                progress.set_description(f'train.py loop {r + 1}/{loop_rounds} max_iters={n}')
+                cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}', f'--out_dir={tmp}',
+                       f'--device={device}', f'--dtype={dtype}', f'--compile={compile}', f'--batch_size={B}',
+                       f'--block_size={T}']
+                t0 = time.perf_counter()
+                run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
+                walls[n].append(time.perf_counter() - t0)
+                if run.returncode:
+                    raise SystemExit(f"bench.py: {' '.join(cmd)} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+                progress.update(1)
+    loop_s = (statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)])) / (max(loop_iters) - min(loop_iters))
+    bare_s = next((row['step_s'] for row in results['train'] if row['contender'] == loop_variant), None)
+    if loop_s <= 0:
+        notes.append("train.py loop: the longer runs were not slower (machine noise); raise loop_iters or loop_rounds")
+    else:
+        results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
+                           'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
+    if bare_s is None:
+        notes.append(f"train.py loop: no bare-step row for {loop_variant} to compare with (not in --presets)")
+
+# --------------------------------------------------------------------------- 3. decoding
+# The small shape's block_size is 128, so its RoPE table is made long enough for prompt + new tokens: the weights
+# do not depend on it, and a 128-token cache would be refilled from scratch at every step past 128.
+results['decode'] = []
+if decode_tokens:
+    prompt = torch.randint(dims['vocab_size'], (1, 16), generator=torch.Generator().manual_seed(seed)).to(device)
+    decoders = {}
+    for name in names:
+        torch.manual_seed(seed)
+        decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
+    progress.total += decode_rounds * len(names) * len(decode_tokens) * 2
+    decode_times = {(name, n, cache): [] for name in names for n in decode_tokens for cache in (True, False)}
+    for r in range(decode_rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for n in decode_tokens:
+                for cache in (True, False):
+                    progress.set_description(f'decode {name} {n} {"cached" if cache else "recompute"}')
+                    with autocast:
+                        s = timed(lambda: list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=cache)), 1)
+                    decode_times[name, n, cache].append(s)
+                    progress.update(1)
+    decoders.clear()
+    results['decode'] = [{'variant': name, 'new_tokens': n,
+                          'cached_tokens_per_s': n / statistics.median(decode_times[name, n, True]),
+                          'recompute_tokens_per_s': n / statistics.median(decode_times[name, n, False]),
+                          'speedup': statistics.median(decode_times[name, n, False]) / statistics.median(decode_times[name, n, True])}
+                         for name in names for n in decode_tokens]
+else:
+    notes.append("decoding skipped (--decode_tokens=())")
+
+# --------------------------------------------------------------------------- 4. KV cache bytes
+# Filled by a real forward of 2,048 tokens on the 'meta' device: the cache our code builds, without the memory.
+KV_CONTEXT = 2048
+KV_ROWS = [  # (label, GPTConfig flags, ratio to vanilla MHA predicted by the formulas of test_model.py)
+    ('vanilla', dict(variant='vanilla'), lambda L, g: Fraction(1)),
+    ('resformer_identity', dict(variant='resformer_identity'), lambda L, g: Fraction(1)),
+    ('svformer', dict(variant='svformer'), lambda L, g: Fraction(L + 1, 2 * L)),
+    ('vanilla + GQA (n_kv_head = n_head/4)', dict(variant='vanilla', gqa=4), lambda L, g: Fraction(1, g)),
+    ('svformer + GQA (n_kv_head = n_head/4)', dict(variant='svformer', gqa=4), lambda L, g: Fraction(L + 1, 2 * L * g)),
+    ('cla', dict(variant='cla'), lambda L, g: Fraction((L + 1) // 2, L)),
+    ('share_k', dict(variant='share_k'), lambda L, g: Fraction(L + (L + 1) // 2, 2 * L)),
+    ('share_v', dict(variant='share_v'), lambda L, g: Fraction(L + (L + 1) // 2, 2 * L)),
+]
+
+
+def kv_bytes(shape_dims, flags):
+    flags = dict(flags)
+    group = flags.pop('gqa', 1)
+    with torch.device('meta'):
+        model = GPT(GPTConfig(block_size=KV_CONTEXT, n_kv_head=shape_dims['n_head'] // group, **shape_dims, **flags))
+        cache = model.new_kv_cache(KV_CONTEXT)
+        model.to(ptdtype)(torch.zeros(1, KV_CONTEXT, dtype=torch.long), kv_cache=cache)
+    return cache.nbytes()
+
+
+results['kv'] = []
+for kv_shape in ('82m', '468m'):
+    shape_dims = SHAPES[kv_shape][0]
+    vanilla_bytes = kv_bytes(shape_dims, KV_ROWS[0][1])
+    for label, flags, formula in KV_ROWS:
+        nbytes = kv_bytes(shape_dims, flags)
+        expected = formula(shape_dims['n_layer'], flags.get('gqa', 1))
+        results['kv'].append({'shape': kv_shape, 'variant': label, 'bytes': nbytes, 'ratio': nbytes / vanilla_bytes,
+                              'formula': str(expected), 'matches': Fraction(nbytes, vanilla_bytes) == expected})
+
+# --------------------------------------------------------------------------- 5. peak memory
+# Each preset trains for a few steps in a fresh process: on CUDA, torch's max_memory_allocated; on a CPU, the peak
+# resident set (VmHWM, Linux) over what the process held after `import torch`, its high-water mark reset there.
+MEMORY_CHILD = """
+import json, sys, torch
+from model import GPT, GPTConfig
+variant, dims, B, T, device, dtype = json.loads(sys.argv[1])
+def status(field):  # kB
+    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+open('/proc/self/clear_refs', 'w').write('5')  # reset VmHWM to the current resident set
+base = status('VmRSS:')
+model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
+optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
+x = torch.randint(dims['vocab_size'], (B, T + 1), device=device)
+for _ in range(3):
+    with torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype), enabled=dtype != 'float32'):
+        loss = model(x[:, :-1], x[:, 1:])[1]
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+print(json.dumps({'rss_mb': status('VmHWM:') / 1024, 'rss_growth_mb': (status('VmHWM:') - base) / 1024,
+                  'cuda_mb': torch.cuda.max_memory_allocated() / 2**20 if device.startswith('cuda') else None}))
+"""
+results['memory'] = []
+if memory and not os.path.exists('/proc/self/clear_refs'):
+    notes.append("memory skipped: the peak resident set is read from Linux's /proc")
+elif memory:
+    memory_names = names[:1] if smoke else names
+    progress.total += len(memory_names)
+    for name in memory_names:
+        progress.set_description(f'memory {name}')
+        run = subprocess.run([sys.executable, '-c', MEMORY_CHILD, json.dumps([name, dims, B, T, device, dtype])],
+                             cwd=HERE, capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(f"bench.py: measuring the memory of {name} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+        results['memory'].append({'variant': name} | json.loads(run.stdout.strip().splitlines()[-1]))
+        progress.update(1)
+    if smoke:
+        notes.append("memory: vanilla only (--smoke)")
+else:
+    notes.append("memory skipped (--memory=False)")
+progress.close()
+results['notes'] = notes
+
+# --------------------------------------------------------------------------- report
+
+
+def table(header, rows):
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+    return '\n'.join(lines + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows])
+
+
+def si(x, unit):
+    for scale, prefix in ((1e12, 'T'), (1e9, 'G'), (1e6, 'M'), (1e3, 'k')):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+m = results['matmul']
+peak_text = f"measured peak {si(m['flops_per_s'], 'FLOP/s')} ({m['what']}, fastest of {rounds} rounds)"
+if m['datasheet_bf16_flops_per_s']:
+    peak_text += f"; datasheet bf16 dense peak {si(m['datasheet_bf16_flops_per_s'], 'FLOP/s')}"
+report = [f"## Training step: shape {shape} (L={L}, d={d}, heads={H}, vocab={V}), batch {B} x T {T}, "
+          f"{results['device_name']}, {dtype}, compile {compile}",
+          f"{rounds} rounds x {steps} steps per contender; ratios are per round, to vanilla in the same round. {peak_text}.",
+          '',
+          table(['contender', 'params', 'ms/step', 'vs vanilla (median)', 'vs vanilla (min-max)', 'tokens/s',
+                 'model FLOP/s', '% of matmul peak'],
+                [[r['contender'], f"{r['params'] / 1e6:.2f}M", f"{1e3 * r['step_s']:.1f}", f"{r['vs_vanilla']['median']:.3f}",
+                  f"{r['vs_vanilla']['min']:.3f}-{r['vs_vanilla']['max']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                  si(r['flops_per_s'], 'FLOP/s'), f"{100 * r['fraction_of_matmul_peak']:.1f}"] for r in results['train']])]
+if official_ratios:
+    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+                      for name, s in official_ratios.items()]
+if 'loop' in results:
+    lp = results['loop']
+    report += ['', f"## train.py's loop against the bare step ({lp['variant']}, same shape)", '',
+               table(['what', 'ms/step', 'tokens/s', 'vs bare step'],
+                     [['bare step (above)', f"{1e3 * lp['bare_step_s']:.1f}" if lp['bare_step_s'] else '-',
+                       f"{lp['bare_tokens_per_s']:,.0f}" if lp['bare_step_s'] else '-', '1.000'],
+                      ['train.py loop', f"{1e3 * lp['step_s']:.1f}", f"{lp['tokens_per_s']:,.0f}",
+                       f"{lp['step_s'] / lp['bare_step_s']:.3f}" if lp['bare_step_s'] else '-']])]
+if results['decode']:
+    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}; KV cache against full recompute", '',
+               table(['variant'] + [c for n in decode_tokens for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}', f'speedup @{n}')],
+                     [[name] + [c for n in decode_tokens for row in results['decode'] if row['variant'] == name and row['new_tokens'] == n
+                                for c in (f"{row['cached_tokens_per_s']:,.0f}", f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
+                      for name in names])]
+report += ['', f"## KV cache at {KV_CONTEXT} context, batch 1, {dtype}", '',
+           table(['shape', 'variant', 'KV bytes', 'vs vanilla', 'formula', 'matches'],
+                 [[r['shape'], r['variant'], f"{r['bytes']:,}", f"{r['ratio']:.4f}", r['formula'], 'yes' if r['matches'] else 'NO']
+                  for r in results['kv']])]
+if results['memory']:
+    report += ['', f"## Peak memory, 3 training steps in a fresh process, shape {shape}, batch {B} x T {T}", '']
+    vanilla_mem = results['memory'][0]
+    if device_type == 'cuda':
+        report.append(table(['variant', 'max allocated MB', 'vs vanilla'],
+                            [[r['variant'], f"{r['cuda_mb']:.1f}", f"{r['cuda_mb'] / vanilla_mem['cuda_mb']:.3f}"]
+                             for r in results['memory']]))
+    else:
+        report.append(table(['variant', 'peak RSS MB', 'growth after import MB', 'growth vs vanilla'],
+                            [[r['variant'], f"{r['rss_mb']:.1f}", f"{r['rss_growth_mb']:.1f}",
+                              f"{r['rss_growth_mb'] / vanilla_mem['rss_growth_mb']:.3f}" if vanilla_mem['rss_growth_mb'] else '-'] for r in results['memory']]))
+if notes:
+    report += [''] + [f"- {note}" for note in notes]
+print('\n'.join(report))
+with open(out, 'w') as f:
+    json.dump(results, f, indent=1)
+print(f"\nwrote {out}")

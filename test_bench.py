@@ -1,0 +1,65 @@
+"""bench.py --smoke: every section runs and the report is well formed. No timing is checked: the numbers of a
+smoke run mean nothing, and a loaded machine must not fail the suite."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from model import VARIANTS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp('bench') / 'bench.json'
+    run = subprocess.run([sys.executable, 'bench.py', '--smoke', f'--out={out}', '--device=cpu'], cwd=HERE,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout, json.loads(out.read_text())
+
+
+def tables(text):
+    """Markdown tables in text, each a list of rows, each a list of cells."""
+    found, current = [], []
+    for line in text.splitlines() + ['']:
+        if line.startswith('|'):
+            current.append([cell.strip() for cell in line.strip().strip('|').split('|')])
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def test_every_table_has_a_header_a_separator_and_rows_of_its_width(smoke):
+    found = tables(smoke[0])
+    assert len(found) >= 4  # training step, decoding, KV cache, memory (and train.py's loop, with the data)
+    for rows in found:
+        header, separator, body = rows[0], rows[1], rows[2:]
+        assert all(cell == '---' for cell in separator) and len(separator) == len(header)
+        assert body and all(len(row) == len(header) for row in body)
+
+
+def test_the_training_table_has_a_row_per_preset_with_vanilla_at_one(smoke):
+    train = tables(smoke[0])[0]
+    assert train[0][:2] == ['contender', 'params']
+    rows = {row[0]: row for row in train[2:]}
+    assert set(VARIANTS) <= set(rows)
+    assert rows['vanilla'][3] == '1.000'
+
+
+def test_the_json_holds_every_section(smoke):
+    results = smoke[1]
+    assert {row['contender'] for row in results['train']} >= set(VARIANTS)
+    assert all(len(row['step_s_per_round']) == results['settings']['rounds'] for row in results['train'])
+    assert {row['variant'] for row in results['decode']} == set(VARIANTS)
+    assert results['matmul']['flops_per_s'] > 0
+    assert results['memory'] and results['memory'][0]['variant'] == 'vanilla'
+
+
+def test_kv_ratios_equal_the_formulas(smoke):
+    kv = smoke[1]['kv']
+    assert {row['shape'] for row in kv} == {'82m', '468m'}
+    assert all(row['matches'] for row in kv), [row for row in kv if not row['matches']]
