@@ -166,16 +166,18 @@ def evaluate():
     return (total[0] / total[1]).item()
 
 
-def stop_if_not_finite():
-    """Stop, saving nothing, if the training loss or gradient norm was NaN or inf at a step since the last check.
-    Every rank calls it at the same steps."""
+def stop_if_not_finite(last_step):
+    """Stop, saving nothing, if the training loss or gradient norm was NaN or inf at a step since the last check,
+    up to last_step. Every rank calls it at the same steps."""
+    global checked_step
     flag = not_finite.int()
     if ddp:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     if flag.item():
-        steps = f"step {iter_num}" if checked_step == iter_num else f"one of steps {checked_step}-{iter_num}"
+        steps = f"step {last_step}" if checked_step == last_step else f"one of steps {checked_step}-{last_step}"
         raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf at {steps} (loss "
                          f"{train_loss.item():.4g}, gradient norm {grad_norm.item():.4g}); stopped without saving, {kept()}")
+    checked_step = last_step + 1
 
 
 def kept():
@@ -220,8 +222,16 @@ def uninterruptible():
         raise KeyboardInterrupt
 
 
+def estimate_time(micro_batch_seconds):
+    """Say what the run costs, from the time of its first micro-batch: the first thing that can be measured."""
+    step_seconds, steps = micro_batch_seconds * len(rank_micro_batches), max_iters - iter_num
+    progress.write(f"the first micro-batch took {micro_batch_seconds:.2f} s{' (compiling included)' if compiled else ''}: "
+                   f"about {duration(step_seconds)} a step ({tokens_per_iter / step_seconds:,.0f} tokens/s), "
+                   f"{duration(step_seconds * steps)} for the {steps} steps to go, plus evaluations")
+
+
 def duration(seconds):
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.3g} s"
 
 
 # -----------------------------------------------------------------------------
@@ -390,7 +400,7 @@ if wandb_log and master_process:
 check_every_step = device_type == 'cpu'
 not_finite = torch.zeros((), dtype=torch.bool, device=device)  # set at any step whose loss or gradient norm is NaN/inf
 train_loss = grad_norm = torch.zeros((), device=device)
-checked_step, first_step = iter_num, iter_num
+checked_step = first_step = iter_num  # the first step whose loss is not yet known to be finite; where this run began
 t_log, steps_timed = time.time(), 0
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True, mininterval=1.0)
 try:
@@ -402,7 +412,7 @@ try:
             break
         if iter_num % eval_interval == 0 or iter_num == max_iters:
             val_loss = evaluate()
-            stop_if_not_finite()
+            stop_if_not_finite(iter_num - 1)
             if not math.isfinite(val_loss):
                 raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; stopped without saving, {kept()}")
             with uninterruptible():
@@ -434,6 +444,9 @@ try:
                 loss = loss * ((stop - start) / rank_share)  # the mean over this rank's share; DDP averages the shares
             train_loss += loss.detach()
             scaler.scale(loss).backward()
+            if iter_num == first_step and micro_step == 0 and master_process:
+                loss.item()  # waits for the device
+                estimate_time(time.time() - t_log)
         logging_now = (iter_num + 1) % log_interval == 0 or iter_num + 1 == max_iters
         with uninterruptible():  # Ctrl-C stops the run between steps, never halfway through an update
             scaler.unscale_(optimizer)
@@ -444,20 +457,13 @@ try:
             if not scaler.is_enabled():  # fp16's GradScaler makes inf gradients now and then, and skips those steps
                 not_finite |= ~torch.isfinite(grad_norm)
             if check_every_step or logging_now:
-                stop_if_not_finite()
-                checked_step = iter_num + 1
+                stop_if_not_finite(iter_num)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
         steps_timed += 1
         progress.update(1)
-        if iter_num == first_step + 1 and master_process and iter_num < max_iters:
-            train_loss.item()  # waits for the step to finish
-            step_time = time.time() - t_log
-            progress.write(f"first step took {step_time:.2f} s ({tokens_per_iter / step_time:,.0f} tokens/s"
-                           f"{', compiling included' if compiled else ''}): the {max_iters - iter_num} steps left "
-                           f"take about {duration(step_time * (max_iters - iter_num))}, plus evaluations")
         if logging_now:
             if ddp:
                 torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
