@@ -127,7 +127,8 @@ def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
     """SIGINT: one line naming the step and how to go on, a checkpoint at that step, and a resume equal to the
     uninterrupted run."""
     process = subprocess.Popen([sys.executable, REPO / 'train.py', *TINY, '--out_dir=out_interrupted', *LONG],
-                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even if we ignore it
     wait_for_step(process, workdir / 'out_interrupted' / 'log.jsonl', 5)
     process.send_signal(signal.SIGINT)
     stderr = process.communicate()[1]

@@ -342,8 +342,9 @@ if checkpoint is not None:
         raise SystemExit(f"train.py: the optimizer state in {ckpt_path} does not fit the model ({e}); "
                          f"start over with --overwrite=True") from None
     del checkpoint
-kept_log = []  # on resume, what the log says up to the checkpoint: its evaluation is repeated, so not its val record
+kept_log = None  # on resume, what the log says up to the checkpoint: its evaluation is repeated, so not its val record
 if init_from == 'resume' and os.path.exists(log_path):
+    kept_log = []
     with open(log_path) as f:
         for line in f:
             try:
@@ -368,7 +369,7 @@ if master_process and not eval_only:
             for name in RUN_FILES:
                 if os.path.exists(os.path.join(out_dir, name)):
                     os.remove(os.path.join(out_dir, name))
-        if kept_log:
+        if kept_log is not None:
             with open(log_path + '.tmp', 'w') as f:
                 f.writelines(kept_log)
             os.replace(log_path + '.tmp', log_path)
@@ -493,10 +494,13 @@ try:
 except KeyboardInterrupt:
     progress.close()
     # the weights are those of step iter_num (updates are uninterruptible), and every rank's are the same
-    if master_process and not eval_only and not not_finite.item():
-        save_checkpoint('ckpt.pt')
-        print(f"train.py: interrupted at step {iter_num}; saved {ckpt_path}, continue with --init_from=resume "
-              f"and the same settings", file=sys.stderr)
+    if master_process and not eval_only:
+        if not_finite.item():
+            outcome = f"the loss had become NaN or inf, so nothing saved; {kept()}"
+        else:
+            save_checkpoint('ckpt.pt')
+            outcome = f"saved {ckpt_path}; continue with --init_from=resume and the same settings"
+        print(f"train.py: interrupted at step {iter_num}; {outcome}", file=sys.stderr)
     raise SystemExit(130) from None  # the shell's code for Ctrl-C
 finally:
     progress.close()
