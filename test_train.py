@@ -1,11 +1,12 @@
 """train.py end to end on a tiny model and corpus: learning, exact resume, DDP, and its one-line errors."""
 import ast
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import random
 import runpy
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +45,29 @@ def run(args, cwd, check=True, timeout=300, **kw):
 
 
 def train(workdir, *args, check=True):
-    return run([REPO / 'train.py', *TINY, *args], workdir, check=check)
+    return train_here(workdir, [*TINY, *args], check)
+
+
+def train_here(workdir, args, check=True):
+    """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code and
+    output as a CompletedProcess."""
+    argv, cwd, out, err = sys.argv, os.getcwd(), io.StringIO(), io.StringIO()
+    sys.argv, code = ['train.py', *map(str, args)], 0
+    os.chdir(workdir)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(REPO / 'train.py'))
+    except SystemExit as stop:  # what the interpreter does with it at exit
+        code = stop.code if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, int):
+            err.write(f"{stop.code}\n")
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+    result = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
 
 
 def log(workdir, out_dir, key):
@@ -163,8 +186,9 @@ def test_a_run_is_never_overwritten_by_accident(workdir):
     """A fresh run into a folder that holds one refuses, with both ways on; --overwrite=True starts over."""
     train(workdir, '--out_dir=out_taken', '--max_iters=2', '--eval_interval=2')
     before = snapshot(workdir / 'out_taken')
-    one_line_error(train(workdir, '--out_dir=out_taken', '--max_iters=2', check=False),
-                   'already holds a run', '--init_from=resume', '--overwrite=True')
+    refused = run([REPO / 'train.py', *TINY, '--out_dir=out_taken', '--max_iters=2'], workdir, check=False)
+    one_line_error(refused, 'already holds a run', '--init_from=resume', '--overwrite=True')
+    assert len(refused.stderr.strip().splitlines()) == 1  # all a refused run prints on the command line
     assert snapshot(workdir / 'out_taken') == before
     train(workdir, '--out_dir=out_taken', '--max_iters=1', '--eval_interval=2', '--overwrite=True')
     assert [r['step'] for r in records(workdir, 'out_taken')] == [0, 1, 1]
@@ -275,7 +299,7 @@ def test_ddp_matches_single_process(workdir, setup):
     """torchrun with 2 CPU ranks (gloo) and a single process see the same global batches and learn the same weights."""
     common = [*DDP_SETUPS[setup], '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6']
     out = setup.split()[-1].replace('/', '_')
-    run([REPO / 'train.py', *common, f'--out_dir=out_single_{out}'], workdir)
+    train_here(workdir, [*common, f'--out_dir=out_single_{out}'])
     result = torchrun(workdir, *common, f'--out_dir=out_ddp_{out}')
     assert 'weights across 2 ranks differ by at most 0' in result.stdout
     assert 'Warning' not in result.stderr, result.stderr  # e.g. DDP's broadcast_buffers FutureWarning
