@@ -606,10 +606,21 @@ def load_checkpoint(path, device='cpu'):
 
 
 def pick_device(device):
-    """'auto' means cuda, then mps, then cpu; any other name is used as given."""
-    if device != 'auto':
-        return device
-    return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    """'auto' means cuda, then mps, then cpu; a device this torch cannot use exits with one line."""
+    if device == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ('cpu', 'cuda', 'mps'):
+        raise SystemExit(f"device={device!r}; use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'")
+    if parsed.type == 'cuda' and (parsed.index or 0) >= torch.cuda.device_count():
+        have = f"only {torch.cuda.device_count()} GPU(s) are" if torch.cuda.is_available() else "no CUDA GPU is"
+        raise SystemExit(f"device={device!r}, but {have} available; use device='auto' or 'cpu'")
+    if parsed.type == 'mps' and not torch.backends.mps.is_available():
+        raise SystemExit(f"device={device!r}, but MPS is not available here; use device='auto' or 'cpu'")
+    return device
 
 
 def pick_dtype(dtype, device_type):

@@ -4,18 +4,23 @@ Train a ResFormer / SVFormer / baseline language model. One process on a CPU or 
     python train.py                                   # small Identity ResFormer on Shakespeare (CPU, minutes)
     python train.py config/resformer_82m.py --variant=vanilla
 
-or data-parallel on N devices (each rank gets batch_size sequences per micro-step):
+or data-parallel on N devices, with the same global batch (and the same result) as one process:
 
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py
+
+An out_dir that holds a run is continued with --init_from=resume or replaced with --overwrite=True; Ctrl-C saves a
+checkpoint at the step it stops, to resume from.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
 import json
 import math
 import os
+import signal
 import sys
+import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, fields
 
 import numpy as np
@@ -35,16 +40,17 @@ out_dir = 'out'
 eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt when val improves), every this many steps
 log_interval = 10
 eval_iters = 10  # fixed validation batches (the same windows every time, so curves compare across runs)
-eval_only = False
+eval_only = False  # evaluate once, print the loss and stop; writes nothing
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False  # let a fresh run replace the ckpt.pt, best.pt and log.jsonl of a run already in out_dir
 wandb_log = False
 wandb_project = 'value-residual'
 wandb_run_name = 'run'
 log_grad_norms = False  # also log every parameter's gradient norm (before clipping) at each log step
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
-gradient_accumulation_steps = 1  # micro-steps per optimizer step, summed over all ranks
-batch_size = 16  # sequences per micro-step per rank
+gradient_accumulation_steps = 1  # the global batch per optimizer step is gradient_accumulation_steps x batch_size
+batch_size = 16  # sequences, whatever the number of ranks; also the most sequences one forward pass takes
 block_size = 128
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # a name from model.VARIANTS, or 'custom' to set the flags below yourself
@@ -88,18 +94,17 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_') and isin
 
 # dense bf16 TFLOP/s by GPU name, for MFU; say which one is used so the figure can be checked
 PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0, '4090': 165.0, 'V100': 125.0}
+RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
 
 
-def setup_distributed():
-    """(rank, local_rank, world_size, device) from the variables torchrun sets; a single process otherwise."""
-    if 'RANK' not in os.environ:
-        return 0, 0, 1, pick_device(device)
-    rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-    use_cuda = pick_device(device).startswith('cuda')
-    init_process_group(backend='nccl' if use_cuda else 'gloo')
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    return rank, local_rank, world_size, f'cuda:{local_rank}' if use_cuda else 'cpu'
+def micro_batches(global_batch, world_size, rank, batch_size):
+    """The micro-batches of one rank as (start, stop) into the global batch: its contiguous share of
+    global_batch / world_size sequences, in pieces of at most batch_size."""
+    if global_batch % world_size:
+        raise SystemExit(f"train.py: the global batch, gradient_accumulation_steps x batch_size = {global_batch} "
+                         f"sequences, does not split evenly over {world_size} ranks; make it a multiple of {world_size}")
+    share = global_batch // world_size
+    return [(rank * share + i, rank * share + min(i + batch_size, share)) for i in range(0, share, batch_size)]
 
 
 def seeded(*keys):
@@ -108,15 +113,16 @@ def seeded(*keys):
     return hash((seed, *keys)) & (2 ** 63 - 1)  # int tuples hash identically in every process
 
 
-def get_batch(shards, generator):
-    """batch_size random windows of block_size + 1 tokens (inputs, next-token targets), drawn by `generator`."""
-    room = torch.tensor([len(shard) - block_size - 1 for shard in shards], dtype=torch.float64)
-    which = torch.multinomial(room, batch_size, replacement=True, generator=generator)
-    starts = (torch.rand(batch_size, generator=generator, dtype=torch.float64) * room[which]).long()
-    return windows(shards, zip(which.tolist(), starts.tolist()))
+def global_batch_places(step):
+    """(shard, start) of the step's global batch of windows, drawn from a generator seeded by the step."""
+    generator = torch.Generator().manual_seed(seeded(step))
+    which = torch.multinomial(train_room, global_batch, replacement=True, generator=generator)
+    starts = (torch.rand(global_batch, generator=generator, dtype=torch.float64) * train_room[which]).long()
+    return list(zip(which.tolist(), starts.tolist()))
 
 
 def windows(shards, places):
+    """Windows of block_size + 1 tokens at places, as (inputs, next-token targets) on the device."""
     rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
     x, y = rows[:, :-1], rows[:, 1:]
     if device_type == 'cuda':
@@ -147,10 +153,12 @@ def get_lr(it):
 
 @torch.no_grad()
 def evaluate():
-    """Mean loss over the fixed validation batches, shared out across ranks."""
+    """Mean loss over the fixed validation batches, shared out across ranks; a bar shows when it takes a while."""
     fast_model.eval()
     total = torch.zeros(2, device=device)
-    for places in val_batches[ddp_rank::ddp_world_size]:
+    batches = tqdm(val_batches[ddp_rank::ddp_world_size], desc='evaluating', leave=False, delay=5,
+                   disable=not master_process, dynamic_ncols=True)
+    for places in batches:
         x, y = windows(val_shards, places)
         with autocast:
             _, loss = fast_model(x, y)
@@ -161,14 +169,39 @@ def evaluate():
     return (total[0] / total[1]).item()
 
 
+def stop_if_not_finite(last_step):
+    """Stop, saving nothing, if the training loss or gradient norm was NaN or inf at a step since the last check,
+    up to last_step. Every rank calls it at the same steps."""
+    global checked_step
+    flag = not_finite.int()
+    if ddp:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    if flag.item():
+        steps = f"step {last_step}" if checked_step == last_step else f"one of steps {checked_step}-{last_step}"
+        raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf at {steps} (loss "
+                         f"{train_loss.item():.4g}, gradient norm {grad_norm.item():.4g}); stopped without saving, {kept()}")
+    checked_step = last_step + 1
+
+
+def kept():
+    return f"{ckpt_path} (step {saved_step}) is the last good checkpoint" if saved_step is not None else "no checkpoint written"
+
+
 def save_checkpoint(name):
     """Write out_dir/name atomically: a crash mid-write leaves the previous file intact."""
+    global saved_step
     checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
                   'model_args': asdict(raw_model.config), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
                   'config': config, 'data_meta': data_meta}
     path = os.path.join(out_dir, name)
-    torch.save(checkpoint, path + '.tmp')
-    os.replace(path + '.tmp', path)
+    try:
+        torch.save(checkpoint, path + '.tmp')
+        os.replace(path + '.tmp', path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        raise SystemExit(f"train.py: cannot write {path} ({type(e).__name__}: {e}); free disk space or fix out_dir, "
+                         f"{kept()}") from None
+    if name == 'ckpt.pt':
+        saved_step = iter_num
 
 
 def log_metrics(record):
@@ -179,33 +212,98 @@ def log_metrics(record):
             wandb.log(record, step=record['step'])
 
 
+@contextmanager
+def uninterruptible():
+    """Hold back Ctrl-C until the block ends, so that the weights, the log and the checkpoints always agree."""
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
+def estimate_time(micro_batch_seconds):
+    """Say what the run costs, from the time of its first micro-batch: the first thing that can be measured."""
+    step_seconds, steps = micro_batch_seconds * len(rank_micro_batches), max_iters - iter_num
+    progress.write(f"the first micro-batch took {micro_batch_seconds:.2f} s{' (compiling included)' if compiled else ''}: "
+                   f"about {duration(step_seconds)} a step ({tokens_per_iter / step_seconds:,.0f} tokens/s), "
+                   f"{duration(step_seconds * steps)} for the {steps} steps to go, plus evaluations")
+
+
+def duration(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.3g} s"
+
+
 # -----------------------------------------------------------------------------
 # the type of each setting whose default is None, which configure cannot read off the default
 none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool}
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], types=none_default_types,
                            script=__file__, verbose=os.environ.get('RANK', '0') == '0'))
 config = {k: globals()[k] for k in config_keys}  # what this run used, for the log and the checkpoint
-if init_from not in ('scratch', 'resume'):
-    raise SystemExit(f"train.py: init_from={init_from!r}; use 'scratch' or 'resume'")
 
-ddp_rank, ddp_local_rank, ddp_world_size, device = setup_distributed()
-ddp = ddp_world_size > 1 or 'RANK' in os.environ
+# Check every setting before anything touches out_dir: a run that cannot start changes nothing on disk.
+FLOAT32_MAX = torch.finfo(torch.float32).max
+for ok, problem in [
+    (init_from in ('scratch', 'resume'), f"init_from={init_from!r}; use 'scratch' or 'resume'"),
+    (not (overwrite and init_from == 'resume'), "overwrite=True starts over and init_from='resume' continues; pick one"),
+    (batch_size >= 1, f"batch_size={batch_size}; use 1 or more sequences"),
+    (block_size >= 1, f"block_size={block_size}; use 1 or more tokens"),
+    (gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={gradient_accumulation_steps}; use 1 or more"),
+    (max_iters >= 0, f"max_iters={max_iters}; use 0 (evaluate only) or more steps"),
+    (eval_interval >= 1, f"eval_interval={eval_interval}; use 1 or more steps"),
+    (log_interval >= 1, f"log_interval={log_interval}; use 1 or more steps"),
+    (eval_iters >= 1, f"eval_iters={eval_iters}; use 1 or more validation batches"),
+    (0 <= beta1 < 1 and 0 <= beta2 < 1, f"beta1={beta1}, beta2={beta2}; use values in [0, 1)"),
+    # AdamW's first step moves each weight by up to learning_rate/(1-beta1) (its bias correction): beyond float32's
+    # range that is inf and the model is lost at once; smaller rates that are still too high stop on a NaN loss.
+    (0 < learning_rate < FLOAT32_MAX * (1 - beta1),
+     f"learning_rate={learning_rate}; use a rate above 0 with learning_rate/(1-beta1) below float32's {FLOAT32_MAX:.3g}"),
+    (0 <= min_lr <= learning_rate, f"min_lr={min_lr}; use a value from 0 to learning_rate={learning_rate}"),
+    (0 <= warmup_iters <= lr_decay_iters, f"warmup_iters={warmup_iters}, lr_decay_iters={lr_decay_iters}; "
+                                          f"use 0 <= warmup_iters <= lr_decay_iters"),
+    (weight_decay >= 0 and grad_clip >= 0, f"weight_decay={weight_decay}, grad_clip={grad_clip}; use 0 or more"),
+    (peak_tflops >= 0, f"peak_tflops={peak_tflops}; use 0 (look it up) or the accelerator's peak"),
+]:
+    if not ok:
+        raise SystemExit(f"train.py: {problem}")
+if wandb_log:
+    try:
+        import wandb
+    except ImportError:
+        raise SystemExit("train.py: wandb_log=True needs wandb; pip install wandb, or drop --wandb_log") from None
+
+# torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; the process group starts once everything else has been checked
+ddp = 'RANK' in os.environ
+ddp_rank, ddp_local_rank, ddp_world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
 master_process = ddp_rank == 0
+device = pick_device(device)
+if ddp and device.startswith('cuda'):
+    device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
-if gradient_accumulation_steps % ddp_world_size:
-    raise SystemExit(f"train.py: gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of "
-                     f"the {ddp_world_size} ranks, so the global batch does not depend on the number of ranks")
-micro_steps = gradient_accumulation_steps // ddp_world_size
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 ptdtype = pick_dtype(dtype, device_type)
-autocast = nullcontext() if ptdtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, ptdtype))
-if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-if master_process:
-    os.makedirs(out_dir, exist_ok=True)
-    print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step "
-          f"= {gradient_accumulation_steps} micro-steps x {batch_size} sequences x {block_size} tokens")
+global_batch = gradient_accumulation_steps * batch_size
+rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, batch_size)
+rank_share = rank_micro_batches[-1][1] - rank_micro_batches[0][0]
+tokens_per_iter = global_batch * block_size
+
+ckpt_path, log_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'log.jsonl')
+if not eval_only:  # the only run that writes nothing
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise SystemExit(f"train.py: out_dir={out_dir} is a file, not a folder; pick another --out_dir")
+    existing = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
+    if existing and init_from == 'scratch' and not overwrite:
+        raise SystemExit(f"train.py: {out_dir} already holds a run ({', '.join(existing)}); continue it with "
+                         f"--init_from=resume, or start over with --overwrite=True (deletes it), or pick another --out_dir")
+    writable = out_dir
+    while not os.path.exists(writable):  # the folder that will hold out_dir once it is made
+        writable = os.path.dirname(os.path.abspath(writable))
+    try:
+        tempfile.TemporaryFile(dir=writable).close()
+    except OSError as e:
+        raise SystemExit(f"train.py: cannot write to {writable} ({e.strerror}); pick another --out_dir") from None
 
 data_dir = os.path.join('data', dataset)
 config['data_dir'] = data_dir
@@ -213,6 +311,7 @@ data_meta = load_meta(data_dir)
 train_shards, val_shards = open_split(data_dir, 'train'), open_split(data_dir, 'val')
 if any(len(shard) <= block_size + 1 for shard in train_shards):
     raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than block_size={block_size}; lower block_size")
+train_room = torch.tensor([len(shard) - block_size - 1 for shard in train_shards], dtype=torch.float64)  # window starts
 val_batches = validation_batches(val_shards)
 
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
@@ -222,107 +321,165 @@ try:
     model_config = GPTConfig(**model_args)
 except (TypeError, ValueError) as e:
     raise SystemExit(f"train.py: bad model settings: {e}")
-iter_num, best_val_loss, checkpoint = 0, float('inf'), None
-log_path = os.path.join(out_dir, 'log.jsonl')
+iter_num, best_val_loss, saved_step, checkpoint = 0, float('inf'), None, None
 if init_from == 'resume':
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     raw_model, checkpoint = load_checkpoint(ckpt_path)
+    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss') if key not in checkpoint]
+    if missing:
+        raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed exactly; "
+                         f"start over with --overwrite=True")
     if raw_model.config != model_config:
         changed = [f.name for f in fields(GPTConfig) if getattr(raw_model.config, f.name) != getattr(model_config, f.name)]
         raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} ({', '.join(changed)}); "
                          f"resume with the settings it was trained with")
-    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-    if master_process and os.path.exists(log_path):  # forget what the log says about steps after the checkpoint
-        with open(log_path) as f:
-            kept = [line for line in f if json.loads(line)['step'] <= iter_num]
-        with open(log_path, 'w') as f:
-            f.writelines(kept)
+    iter_num = saved_step = checkpoint['iter_num']
+    best_val_loss = checkpoint['best_val_loss']
 else:
     torch.manual_seed(seed)
     raw_model = GPT(model_config)
-    if master_process and os.path.exists(log_path):
-        os.remove(log_path)
 raw_model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == 'float16')
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint['optimizer'])
-    scaler.load_state_dict(checkpoint['scaler'])
+    try:
+        optimizer.load_state_dict(checkpoint['optimizer'])
+        scaler.load_state_dict(checkpoint['scaler'])
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise SystemExit(f"train.py: the optimizer state in {ckpt_path} does not fit the model ({e}); "
+                         f"start over with --overwrite=True") from None
     del checkpoint
-fast_model = torch.compile(raw_model) if (device_type == 'cuda' if compile is None else compile) else raw_model
+kept_log = None  # on resume, what the log says up to the checkpoint: its evaluation is repeated, so not its val record
+if init_from == 'resume' and os.path.exists(log_path):
+    kept_log = []
+    with open(log_path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a run killed mid-write
+                continue
+            if record['step'] < iter_num or (record['step'] == iter_num and 'val_loss' not in record):
+                kept_log.append(line)
+
+# everything checked: start the process group, then make out_dir and tidy it
+if ddp:
+    init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    if device_type == 'cuda':
+        torch.cuda.set_device(device)
+if master_process and not eval_only:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for name in os.listdir(out_dir):  # half-written checkpoints of a run that was killed
+            if name.endswith('.tmp') and os.path.isfile(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+        if overwrite:
+            for name in RUN_FILES:
+                if os.path.exists(os.path.join(out_dir, name)):
+                    os.remove(os.path.join(out_dir, name))
+        if kept_log is not None:
+            with open(log_path + '.tmp', 'w') as f:
+                f.writelines(kept_log)
+            os.replace(log_path + '.tmp', log_path)
+    except OSError as e:
+        raise SystemExit(f"train.py: cannot write to {out_dir} ({e}); pick another --out_dir") from None
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+autocast = nullcontext() if ptdtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, ptdtype))
+compiled = device_type == 'cuda' if compile is None else compile
+fast_model = torch.compile(raw_model) if compiled else raw_model
 model = fast_model  # what the training step calls: wrapped for DDP below; evaluation calls fast_model directly
-if ddp:  # our buffers (RoPE table, fixed λ) never change, so DDP need not broadcast them every step
-    model = DDP(fast_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
+if ddp:  # our buffers (RoPE table, fixed λ) never change, so DDP need not sync them before every forward
+    model = DDP(fast_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None, forward_sync_buffers=False)
 if master_process:
+    print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = {global_batch} "
+          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to {batch_size}; "
+          f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
     print(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
           f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 peak = peak_tflops or next((tflops for name, tflops in PEAK_TFLOPS.items()
                             if device_type == 'cuda' and name in torch.cuda.get_device_name()), 0.0)
 if wandb_log and master_process:
-    import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 # -----------------------------------------------------------------------------
+# Reading a value off an accelerator waits for it, so there the loss is read and checked for NaN/inf only at log and
+# evaluation steps (and before any save); on a CPU the read is free, so every step is checked before the update.
+check_every_step = device_type == 'cpu'
+not_finite = torch.zeros((), dtype=torch.bool, device=device)  # set at any step whose loss or gradient norm is NaN/inf
+train_loss = grad_norm = torch.zeros((), device=device)
+checked_step = first_step = iter_num  # the first step whose loss is not yet known to be finite; where this run began
+t_log, steps_timed = time.time(), 0
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True, mininterval=1.0)
 try:
     while True:
-        if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
+        if eval_only:
             val_loss = evaluate()
-            best = val_loss < best_val_loss
-            best_val_loss = min(best_val_loss, val_loss)
-            log_metrics({'step': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss})
             if master_process:
-                progress.write(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f})")
-                if not eval_only:
-                    save_checkpoint('ckpt.pt')
+                progress.write(f"step {iter_num}: val loss {val_loss:.4f}")
+            break
+        if iter_num % eval_interval == 0 or iter_num == max_iters:
+            val_loss = evaluate()
+            stop_if_not_finite(iter_num - 1)
+            if not math.isfinite(val_loss):
+                raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; stopped without saving, {kept()}")
+            with uninterruptible():
+                best = val_loss < best_val_loss
+                best_val_loss = min(best_val_loss, val_loss)
+                log_metrics({'step': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss})
+                if master_process:  # best.pt first: a kill before ckpt.pt repeats this evaluation on resume
                     if best:
                         save_checkpoint('best.pt')
-        if iter_num >= max_iters or eval_only:
+                    save_checkpoint('ckpt.pt')
+            if master_process:
+                progress.write(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f})")
+            t_log, steps_timed = time.time(), 0  # throughput counts training steps only
+        if iter_num >= max_iters:
             break
 
         lr = get_lr(iter_num)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        t0 = time.time()
         torch.manual_seed(seeded(iter_num, -1 - ddp_rank))  # dropout noise for this step and rank
+        places = global_batch_places(iter_num)
         train_loss = torch.zeros((), device=device)
-        for micro_step in range(micro_steps):
-            # this rank's share of the global micro-steps: the same batches whatever the number of ranks
-            batch_index = ddp_rank * micro_steps + micro_step
-            x, y = get_batch(train_shards, torch.Generator().manual_seed(seeded(iter_num, batch_index)))
+        for micro_step, (start, stop) in enumerate(rank_micro_batches):
+            x, y = windows(train_shards, places[start:stop])
             if ddp:
-                model.require_backward_grad_sync = micro_step == micro_steps - 1  # all-reduce once, on the last
+                model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1  # all-reduce once
             with autocast:
                 _, loss = model(x, y)
-                loss = loss / micro_steps  # the mean over this rank's micro-steps; DDP then averages over ranks
+                loss = loss * ((stop - start) / rank_share)  # the mean over this rank's share; DDP averages the shares
             train_loss += loss.detach()
             scaler.scale(loss).backward()
-        if ddp:
-            torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
-        scaler.unscale_(optimizer)
+            if iter_num == first_step and micro_step == 0 and master_process:
+                loss.item()  # waits for the device
+                estimate_time(time.time() - t_log)
         logging_now = (iter_num + 1) % log_interval == 0 or iter_num + 1 == max_iters
-        if log_grad_norms and logging_now:  # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
-            grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters() if p.grad is not None}
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
-        train_loss = train_loss.item()
-        # (with fp16 the GradScaler itself makes inf gradients now and then, and skips those steps)
-        if not math.isfinite(train_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
-            last = iter_num - iter_num % eval_interval
-            kept = f"kept {out_dir}/ckpt.pt (step {last})" if os.path.exists(f"{out_dir}/ckpt.pt") else "no checkpoint yet"
-            raise SystemExit(f"train.py: loss {train_loss}, gradient norm {grad_norm} at step {iter_num}; stopped before "
-                             f"updating the weights, {kept}; lower learning_rate or use dtype='float32'")
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        dt = time.time() - t0
-        iter_num += 1
+        with uninterruptible():  # Ctrl-C stops the run between steps, never halfway through an update
+            scaler.unscale_(optimizer)
+            if log_grad_norms and logging_now:  # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
+                grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters() if p.grad is not None}
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+            not_finite |= ~torch.isfinite(train_loss)
+            if not scaler.is_enabled():  # fp16's GradScaler makes inf gradients now and then, and skips those steps
+                not_finite |= ~torch.isfinite(grad_norm)
+            if check_every_step or logging_now:
+                stop_if_not_finite(iter_num)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+        steps_timed += 1
         progress.update(1)
-        progress.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if logging_now:
-            record = {'step': iter_num, 'train_loss': train_loss, 'grad_norm': grad_norm, 'lr': lr,
-                      'tokens_per_sec': tokens_per_iter / dt}
+            if ddp:
+                torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
+            tokens_per_sec = tokens_per_iter * steps_timed / (time.time() - t_log)
+            t_log, steps_timed = time.time(), 0
+            record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(), 'lr': lr,
+                      'tokens_per_sec': tokens_per_sec}
             if peak:
-                record['mfu'] = raw_model.estimate_mfu(tokens_per_iter / dt, block_size, peak * 1e12)
+                record['mfu'] = raw_model.estimate_mfu(tokens_per_sec, block_size, peak * 1e12)
             if raw_model.config.lambda_mode != 'fixed':
                 record['lambdas'] = raw_model.lambdas.tolist()
             if log_grad_norms:
@@ -330,8 +487,9 @@ try:
             log_metrics(record)
             if master_process:
                 mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s" if peak else ""
-                progress.write(f"step {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, "
-                               f"{record['tokens_per_sec']:,.0f} tok/s{mfu}")
+                progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
+                progress.write(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, "
+                               f"{tokens_per_sec:,.0f} tok/s{mfu}")
     if ddp:  # DDP keeps the replicas identical by construction; check it once, cheaply, at the end
         weights = torch.cat([p.detach().reshape(-1).float() for p in raw_model.parameters()])
         highest, lowest = weights.clone(), weights.clone()
@@ -339,9 +497,20 @@ try:
         torch.distributed.all_reduce(lowest, op=torch.distributed.ReduceOp.MIN)
         if master_process:
             progress.write(f"weights across {ddp_world_size} ranks differ by at most {(highest - lowest).max().item():.3g}")
+except KeyboardInterrupt:
+    progress.close()
+    # the weights are those of step iter_num (updates are uninterruptible), and every rank's are the same
+    if master_process and not eval_only:
+        if not_finite.item():
+            outcome = f"the loss had become NaN or inf, so nothing saved; {kept()}"
+        else:
+            save_checkpoint('ckpt.pt')
+            outcome = f"saved {ckpt_path}; continue with --init_from=resume and the same settings"
+        print(f"train.py: interrupted at step {iter_num}; {outcome}", file=sys.stderr)
+    raise SystemExit(130) from None  # the shell's code for Ctrl-C
 finally:
     progress.close()
-    if ddp:  # free everything, wait for all ranks, then tear down: gloo aborts otherwise (SPEC.md)
-        del model, fast_model, raw_model, optimizer
-        barrier()
-        destroy_process_group()
+if ddp:  # only after a run that went well (a failed rank just exits, and its peers' collectives fail with it):
+    del model, fast_model, raw_model, optimizer  # free everything, wait for all ranks, then tear down, or gloo
+    barrier()                                    # aborts now and then at exit
+    destroy_process_group()
