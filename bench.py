@@ -214,7 +214,7 @@ class Trainer:
             loss = self.loss(self.model, x, y)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)  # as train.py
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -313,7 +313,7 @@ else:
                 progress.set_description(f'train.py loop {r + 1}/{loop_rounds} max_iters={n}')
                 cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}', f'--out_dir={tmp}',
                        f'--device={device}', f'--dtype={dtype}', f'--compile={compile}', f'--batch_size={B}',
-                       f'--block_size={T}']
+                       f'--block_size={T}', '--overwrite=True']  # each timed run starts afresh in the same folder
                 t0 = time.perf_counter()
                 run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
                 walls[n].append(time.perf_counter() - t0)

@@ -141,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         else:
             k = apply_rope(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), *rope).transpose(1, 2)
             if self.mixes == 'key':
-                k = lam[0] * source.k[:, :, -T:] + lam[1] * k  # Sec. 4.4 key residual, K'_n = λ1 K1 + λ2 K_n
+                k = lam[0] * newest(source.k, T) + lam[1] * k  # Sec. 4.4 key residual, K'_n = λ1 K1 + λ2 K_n
             if kv_cache is not None:
                 k = kv_cache.store(kv_cache.k, self.k_slot, k)
         if self.shares_v:
@@ -156,7 +156,7 @@ class CausalSelfAttention(nn.Module):
             if self.mixes == 'value':
                 # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
                 # repetition; V1 is not detached, so every layer trains layer 1's W_V.
-                v = lam[0] * source.v[:, :, -T:] + lam[1] * v
+                v = lam[0] * newest(source.v, T) + lam[1] * v
             if kv_cache is not None:
                 v = kv_cache.store(kv_cache.v, self.v_slot, v)  # a ResFormer layer caches its mixed V'_n
         dropout = self.dropout if self.training else 0.0
@@ -171,7 +171,7 @@ class CausalSelfAttention(nn.Module):
         if self.mixes == 'output':
             y = lam[0] * source.out + lam[1] * y  # Sec. 4.4 mapping by layer 1's attention, λ1 A1 V1 + λ2 A_n V_n
         if self.neutreno_lambda:
-            y = y + self.neutreno_lambda * (source.v[:, :, -T:] - v[:, :, -T:])  # NeuTRENO: U_n += λ (V1 - V'_n)
+            y = y + self.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
         if stats is not None:
             stats['attn'].append(attn)
             stats['keys'].append(k)
@@ -251,8 +251,9 @@ class GPT(nn.Module):
             later = torch.stack([self.lambda_scale * self.lambda_logits.softmax(0), self.lambda_vn], dim=1)
         if self.config.value_rescale:
             later = later / later.sum(dim=1, keepdim=True)  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
-        unchanged = later.new_tensor([[0.0, 1.0]]).expand(self.config.residual_source + 1, 2)
-        return torch.cat([unchanged, later])
+        unchanged = torch.zeros_like(later[:1])
+        unchanged[:, 1] = 1.0  # filled on the device: new_tensor would be a host-to-device copy every forward
+        return torch.cat([unchanged.expand(self.config.residual_source + 1, 2), later])
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
@@ -358,7 +359,7 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
                   {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8, fused=device_type == 'cuda')
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8, fused=device_type in ('cuda', 'cpu'))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -389,6 +390,12 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def newest(t, T):
+    """The last T positions of t (B, heads, T_k, D). In training T_k = T, and a slice would still cost a
+    zero-filled copy in the backward pass, so it is skipped."""
+    return t if t.size(2) == T else t[:, :, -T:]
 
 
 def attention(q, k, v, dropout_p):

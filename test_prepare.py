@@ -2,7 +2,6 @@
 
 import glob
 import hashlib
-import importlib.util
 import inspect
 import io
 import json
@@ -329,8 +328,10 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
     assert result.returncode != 0 and "ConnectionError" in message and "--input" in message
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="`datasets` is installed")
-def test_slimpajama_without_datasets_suggests_input(tmp_path):
+def test_slimpajama_without_datasets_suggests_input(tmp_path, monkeypatch):
+    # `datasets` may be installed (lm_eval brings it): hide it, as Python does a module whose sys.modules entry is None
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['datasets'] = None\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)
     assert result.returncode != 0 and result.stderr.count("\n") == 1
     assert "`datasets`" in result.stderr and "--input" in result.stderr

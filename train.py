@@ -459,7 +459,8 @@ try:
             scaler.unscale_(optimizer)
             if log_grad_norms and logging_now:  # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
                 grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters() if p.grad is not None}
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'),
+                                                       foreach=True)  # one fused kernel per dtype, on CPU too
             not_finite |= ~torch.isfinite(train_loss)
             if not scaler.is_enabled():  # fp16's GradScaler makes inf gradients now and then, and skips those steps
                 not_finite |= ~torch.isfinite(grad_norm)
