@@ -401,11 +401,13 @@ def newest(t, T):
 def attention(q, k, v, dropout_p):
     """softmax(QK^T/sqrt(d)) V with a causal mask through SDPA's fused kernels; q (B, H, T, D), k and v
     (B, H_kv, T_k, D) with T_k >= T, the last T of them at q's positions."""
-    T, T_k = q.size(2), k.size(2)
-    # SDPA's is_causal aligns the mask top-left, which is wrong for a chunk appended to a cache: build it then.
-    mask = None if T == 1 or T == T_k else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=1 < T == T_k,
-                                          enable_gqa=k.size(1) != q.size(1))
+    T, T_k, gqa = q.size(2), k.size(2), k.size(1) != q.size(1)
+    if T == T_k:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    # A chunk appended to a cache: SDPA's is_causal aligns the mask top-left, which is wrong here, so build the
+    # mask (one new token sees every cached position and needs none).
+    mask = None if T == 1 else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
 
 def attention_probs(q, k):

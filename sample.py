@@ -4,6 +4,7 @@ Sample from a trained model.
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=500
     python sample.py --start=FILE:prompt.txt --temperature=0      # prompt from a file; greedy decoding
     python sample.py --stop="'\\n\\n'"                              # end each sample at its first blank line
+    python sample.py --compile=True --max_new_tokens=2000             # torch.compile: slow start, faster tokens
 
 The sample text goes to stdout (one sample streams as it is generated; several are drawn as one batch
 and printed one after another). Speed and the size of the KV cache, next to what a vanilla Transformer
@@ -33,6 +34,7 @@ seed = 1337
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 use_cache = True  # decode with the KV cache (False recomputes the whole context for every token)
+compile = False  # torch.compile the model: compiled once for the prompt and once for single tokens, not per step
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
@@ -55,6 +57,9 @@ ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device
 
 model, checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), device)
 model.eval()
+if compile:
+    # The KV cache is preallocated and its length is a symbolic size, so later steps reuse the same code.
+    model.compile()
 config = model.config
 tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's tokenizer, offline
 
@@ -139,7 +144,7 @@ else:
 
 tokens = steps * num_samples
 print(f"generated {tokens:,} tokens ({num_samples} x {steps}) in {elapsed:.2f} s: {tokens / elapsed:,.1f} tokens/s "
-      f"on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}", file=sys.stderr)
+      f"on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}, compile {compile}", file=sys.stderr)
 if use_cache:
     kv_bytes = kv_cache.nbytes()
     # a vanilla Transformer caches K and V in every layer, for n_head heads (no GQA, no sharing)

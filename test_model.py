@@ -460,6 +460,26 @@ def test_greedy_generate_same_with_and_without_cache(case):
     assert torch.equal(long_cached[:, :14], short_cached)
 
 
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', 'denseformer',
+                                  'attention_residual'])
+def test_compiled_decoding_compiles_once_not_per_token(case):
+    """torch.compile traces the cached forward whole (fullgraph) and reuses it: once prompts of two lengths have
+    been seen, longer generations from other prompt lengths compile nothing new, and give the uncompiled
+    model's tokens. The 'eager' backend checks the tracing in seconds; sample.py --compile adds inductor."""
+    torch._dynamo.reset()
+    model, compiled = tiny_model(**ALL_CASES[case]), tiny_model(**ALL_CASES[case])  # the same weights
+    graphs = []
+    compiled.compile(backend=lambda gm, example_inputs: graphs.append(gm) or gm.forward, fullgraph=True)
+    idx = random_tokens(model, T=7)
+    compiled_after = []
+    for prompt_len, n in [(5, 3), (6, 3), (7, 9), (4, 12)]:
+        want = model.generate(idx[:, :prompt_len], n, temperature=0)
+        tokens = compiled.generate_tokens(idx[:, :prompt_len], n, temperature=0, kv_cache=compiled.new_kv_cache(16))
+        assert torch.equal(torch.cat([idx[:, :prompt_len], *tokens], dim=1), want)
+        compiled_after.append(len(graphs))
+    assert 0 < compiled_after[1] <= 4 and compiled_after[1] == compiled_after[3], compiled_after
+    torch._dynamo.reset()
+
 def cache_bytes(**kw):
     """Bytes a KV cache holds after the same 5-token prefill (batch 2, float32)."""
     model = GPT(tiny_config(**kw)).eval()
