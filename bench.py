@@ -18,6 +18,7 @@ src/modeling; they need transformers==4.44.2). Rows whose files or packages are 
 import importlib.util
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,7 @@ rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
 decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt); () = skip
-decode_rounds = 1
+decode_rounds = 3  # rounds of every (variant, length, cached/recompute) decode; the table gives medians
 loop_rounds = 2  # train.py runs per length for the training-loop throughput (0 = skip)
 loop_iters = (100, 200)  # train.py runs this long; the difference in wall time is the cost of the extra steps
 memory = True  # peak memory per preset, each in a fresh process
@@ -189,7 +190,11 @@ def timed(fn, n):
 
 
 def summary(values):
-    return {'median': statistics.median(values), 'min': min(values), 'max': max(values)}
+    """Median, range, and a 95% bootstrap interval for the median: how well the rounds pin the ratio down."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return {'median': statistics.median(values), 'min': min(values), 'max': max(values),
+            'ci95': (medians[50], medians[1949])}
 
 
 class Trainer:
@@ -340,6 +345,12 @@ if decode_tokens:
     for name in names:
         torch.manual_seed(seed)
         decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
+        if compile:  # as sample.py --compile; an untimed first run of each kind compiles it (prompt, then one token)
+            decoders[name].compile()
+            for n in decode_tokens:
+                with autocast:
+                    list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=True))
+                    list(decoders[name].generate_tokens(prompt, min(n, 32), temperature=0, use_cache=False))
     progress.total += decode_rounds * len(names) * len(decode_tokens) * 2
     decode_times = {(name, n, cache): [] for name in names for n in decode_tokens for cache in (True, False)}
     for r in range(decode_rounds):
@@ -462,13 +473,15 @@ report = [f"## Training step: shape {shape} (L={L}, d={d}, heads={H}, vocab={V})
           f"{results['device_name']}, {dtype}, compile {compile}",
           f"{rounds} rounds x {steps} steps per contender; ratios are per round, to vanilla in the same round. {peak_text}.",
           '',
-          table(['contender', 'params', 'ms/step', 'vs vanilla (median)', 'vs vanilla (min-max)', 'tokens/s',
-                 'model FLOP/s', '% of matmul peak'],
+          table(['contender', 'params', 'ms/step', 'vs vanilla (median)', 'median 95% CI', 'vs vanilla (min-max)',
+                 'tokens/s', 'model FLOP/s', '% of matmul peak'],
                 [[r['contender'], f"{r['params'] / 1e6:.2f}M", f"{1e3 * r['step_s']:.1f}", f"{r['vs_vanilla']['median']:.3f}",
+                  '{:.3f}-{:.3f}'.format(*r['vs_vanilla']['ci95']),
                   f"{r['vs_vanilla']['min']:.3f}-{r['vs_vanilla']['max']:.3f}", f"{r['tokens_per_s']:,.0f}",
                   si(r['flops_per_s'], 'FLOP/s'), f"{100 * r['fraction_of_matmul_peak']:.1f}"] for r in results['train']])]
 if official_ratios:
-    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} (95% CI {s['ci95'][0]:.3f}-"
+                      f"{s['ci95'][1]:.3f}; range {s['min']:.3f}-{s['max']:.3f})"
                       for name, s in official_ratios.items()]
 if 'loop' in results:
     lp = results['loop']
@@ -479,7 +492,8 @@ if 'loop' in results:
                       ['train.py loop', f"{1e3 * lp['step_s']:.1f}", f"{lp['tokens_per_s']:,.0f}",
                        f"{lp['step_s'] / lp['bare_step_s']:.3f}" if lp['bare_step_s'] else '-']])]
 if results['decode']:
-    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}; KV cache against full recompute", '',
+    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}, compile {compile}; KV cache against "
+               f"full recompute, median of {decode_rounds} rounds", '',
                table(['variant'] + [c for n in decode_tokens for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}', f'speedup @{n}')],
                      [[name] + [c for n in decode_tokens for row in results['decode'] if row['variant'] == name and row['new_tokens'] == n
                                 for c in (f"{row['cached_tokens_per_s']:,.0f}", f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
