@@ -219,6 +219,15 @@ def parameters_for_loss(points, loss):
     return math.exp(math.log(n0) + (loss - l0) / (l1 - l0) * (math.log(n1) - math.log(n0))), True
 
 
+def loglinear_fit(points):
+    """Least-squares line loss = a + b·ln(params) through points [(params, loss)]: (a, b). Unlike the
+    piecewise reading above, it uses every size at once and needs no extrapolation along one segment."""
+    xs, ys = [math.log(n) for n, _ in points], [loss for _, loss in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
 # -----------------------------------------------------------------------------
 # reporting
 
@@ -286,26 +295,41 @@ def scaling_rows(groups):
     """The paper's two headline numbers at our scale: parameters and training tokens ResFormer saves."""
     finals = {label: mean_std([r['final_val_loss'] for r in g['runs']])[0] for label, g in groups.items() if g['runs']}
     transformer = [(groups[l]['runs'][0]['params'], finals[l]) for l in finals if l.startswith(BASELINE)]
-    rows = []
+    fit = loglinear_fit(transformer) if len(transformer) >= 2 else None
+    rows, gaps = [], []
     for label, group in groups.items():
         if label.startswith(BASELINE) or label not in finals or group['baseline'] not in finals:
             continue
         params = group['runs'][0]['params']
-        matched, extrapolated = parameters_for_loss(transformer, finals[label]) if len(transformer) >= 2 else (None, False)
+        matched, extrapolated = parameters_for_loss(transformer, finals[label]) if fit else (None, False)
+        fitted = math.exp((finals[label] - fit[0]) / fit[1]) if fit else None
+        if fit:
+            gaps.append(finals[label] - (fit[0] + fit[1] * math.log(params)))
         steps = crossing_step(mean_curve([r['curve'] for r in group['runs']]), finals[group['baseline']])
         total = group['runs'][0]['settings']['max_iters']
         rows.append(f"| {label} | {params:,} | {finals[label]:.4f} | "
                     f"{'–' if matched is None else f'{matched:,.0f}'}{' (extrapolated)' if extrapolated else ''} | "
                     f"{'–' if matched is None else f'{100 * (1 - params / matched):.1f}%'} | "
+                    f"{'–' if fitted is None else f'{fitted:,.0f}'} | "
+                    f"{'–' if fitted is None else f'{100 * (1 - params / fitted):.1f}%'} | "
                     f"{'–' if steps is None else f'{100 * (1 - steps / total):.1f}%'} |")
-    return ['', "Savings at equal validation loss. *Parameters*: the Transformer's final loss is interpolated piecewise "
-            "linearly against log(parameters) across our sizes, to find the size a Transformer would need to match "
-            "ResFormer's loss; saving = 1 − ResFormer's size / that size. *Tokens*: the step at which ResFormer's "
-            "mean validation curve first reaches the same-size Transformer's final loss (linear between evaluations, "
-            "inside one cosine schedule, so this understates what a shorter schedule would need); saving = 1 − "
-            "that step / total steps. The paper: 16.1% parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
-            '| ResFormer group | parameters | final loss | Transformer parameters for that loss | parameter saving | '
-            'token saving |', '|---|---|---|---|---|---|'] + rows
+    pooled = []
+    if gaps:  # one number for the suite: ResFormer's mean distance below the fitted line, in parameters
+        factor = math.exp(sum(gaps) / len(gaps) / fit[1])
+        pooled = ['', f"Over all {len(gaps)} sizes, ResFormer's loss lies on average {-sum(gaps) / len(gaps):.4f} below "
+                      f"the Transformer's fitted line (slope {fit[1]:.4f} per e-fold of parameters): a Transformer needs "
+                      f"{factor:.2f}x the parameters for the same loss, a saving of {100 * (1 - 1 / factor):.1f}%."]
+    return ['', "Savings at equal validation loss. *Parameters*, two readings of the Transformer's final loss against "
+            "log(parameters) across our sizes, each giving the size a Transformer would need to match ResFormer's "
+            "loss (saving = 1 − ResFormer's size / that size): *piecewise*, linear between neighbouring sizes "
+            "(extrapolated along the end segment outside them); *fit*, one least-squares line through every size. "
+            "*Tokens*: the step at which ResFormer's mean validation curve first reaches the same-size "
+            "Transformer's final loss (linear between evaluations, inside one cosine schedule, so this understates "
+            "what a shorter schedule would need); saving = 1 − that step / total steps. The paper: 16.1% "
+            "parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
+            '| ResFormer group | parameters | final loss | Transformer parameters for that loss (piecewise) | '
+            'parameter saving (piecewise) | Transformer parameters (fit) | parameter saving (fit) | token saving |',
+            '|---|---|---|---|---|---|---|---|'] + rows + pooled
 
 
 def grad_rows(groups):
