@@ -346,7 +346,7 @@ if decode_tokens:
         torch.manual_seed(seed)
         decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
         if compile:  # as sample.py --compile; an untimed first run of each kind compiles it (prompt, then one token)
-            decoders[name].compile()
+            decoders[name].compile_for_decoding()
             for n in decode_tokens:
                 with autocast:
                     list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=True))

@@ -293,6 +293,12 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
+    def compile_for_decoding(self):
+        """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
+        reused (the cache is preallocated and its length is a symbolic size). On a CPU, a small model's tokens
+        cost mostly per-call overhead, which inductor's C++ wrapper (instead of a Python one) largely removes."""
+        self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
+
     def new_kv_cache(self, max_seq_len=None):
         """An empty cache for up to max_seq_len (default block_size) positions."""
         return KVCache(*self.kv_slots, min(max_seq_len or self.config.block_size, self.config.block_size))

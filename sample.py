@@ -58,8 +58,7 @@ ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device
 model, checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), device)
 model.eval()
 if compile:
-    # The KV cache is preallocated and its length is a symbolic size, so later steps reuse the same code.
-    model.compile()
+    model.compile_for_decoding()
 config = model.config
 tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's tokenizer, offline
 
