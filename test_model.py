@@ -480,6 +480,7 @@ def test_compiled_decoding_compiles_once_not_per_token(case):
     assert 0 < compiled_after[1] <= 4 and compiled_after[1] == compiled_after[3], compiled_after
     torch._dynamo.reset()
 
+
 def cache_bytes(**kw):
     """Bytes a KV cache holds after the same 5-token prefill (batch 2, float32)."""
     model = GPT(tiny_config(**kw)).eval()
