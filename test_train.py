@@ -165,7 +165,7 @@ def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
 
 def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     """best.pt is written before ckpt.pt: a kill between the two repeats that evaluation on resume, which
-    rewrites best.pt; a 0-byte best.pt.tmp of the killed write is cleaned up."""
+    rewrites best.pt; a 0-byte best.pt.tmp of the killed write is cleaned up, a user's notes.tmp is not."""
     common = ['--out_dir=out_best', '--eval_interval=2', '--lr_decay_iters=4']
     train(workdir, *common, '--max_iters=2')
     ckpt = workdir / 'out_best' / 'ckpt.pt'
@@ -173,13 +173,15 @@ def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     train(workdir, *common, '--max_iters=4', '--init_from=resume')
     ckpt.write_bytes(ckpt_at_2)  # as if killed after writing best.pt for step 4, before ckpt.pt
     (workdir / 'out_best' / 'best.pt.tmp').touch()
+    (workdir / 'out_best' / 'notes.tmp').write_text('mine')
     train(workdir, *common, '--max_iters=4', '--init_from=resume')
     val = log(workdir, 'out_best', 'val_loss')
     assert [r['step'] for r in records(workdir, 'out_best') if 'val_loss' in r] == [0, 2, 4]
     best = torch.load(workdir / 'out_best' / 'best.pt', weights_only=True)
     assert best['iter_num'] == min(val, key=val.get) and best['best_val_loss'] == min(val.values())
     assert torch.load(ckpt, weights_only=True)['iter_num'] == 4
-    assert not list((workdir / 'out_best').glob('*.tmp'))
+    assert [path.name for path in (workdir / 'out_best').glob('*.tmp')] == ['notes.tmp']
+    assert (workdir / 'out_best' / 'notes.tmp').read_text() == 'mine'
 
 
 def test_a_run_is_never_overwritten_by_accident(workdir):

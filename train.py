@@ -368,9 +368,9 @@ if ddp:
 if master_process and not eval_only:
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for name in os.listdir(out_dir):  # half-written checkpoints of a run that was killed
-            if name.endswith('.tmp') and os.path.isfile(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
+        for name in RUN_FILES:  # half-written files of a killed run (only ours: never a user's notes.tmp)
+            if os.path.isfile(os.path.join(out_dir, name + '.tmp')):
+                os.remove(os.path.join(out_dir, name + '.tmp'))
         if overwrite:
             for name in RUN_FILES:
                 if os.path.exists(os.path.join(out_dir, name)):
