@@ -163,6 +163,49 @@ def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
     assert records(workdir, 'out_interrupted') == straight
 
 
+def weights(workdir, out_dir):
+    return torch.load(workdir / out_dir / 'ckpt.pt', weights_only=True)['model']
+
+
+def assert_same_weights(first, second):
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
+                                               (signal.SIGTERM, 'forward', 7)],
+                         ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass'])
+def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig, during, step):
+    """SIGINT or SIGTERM sent from inside step 8 (index 7): in its forward pass it stops the run at once, before
+    the step; in its weight update it waits for the update and the step's log record. Either way: one line, a
+    checkpoint at that step, and a resume equal to the uninterrupted run, log and weights, bit for bit."""
+    calls = []
+
+    def signalling(function):
+        def wrapper(*args, **kwargs):
+            if during == 'update' or args[0].training:  # forward: training calls only, not evaluation's
+                calls.append(1)
+                if len(calls) == 8:
+                    os.kill(os.getpid(), sig)
+            return function(*args, **kwargs)
+        return wrapper
+
+    if during == 'update':
+        monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', signalling(torch.nn.utils.clip_grad_norm_))
+    else:
+        monkeypatch.setattr(GPT, 'forward', signalling(GPT.forward))
+    out = f'out_{sig.name}_{during}'
+    result = train(workdir, f'--out_dir={out}', *LONG, check=False)
+    monkeypatch.undo()
+    how = 'interrupted' if sig == signal.SIGINT else 'stopped by SIGTERM'
+    one_line_error(result, f'train.py: {how} at step {step}; saved {out}/ckpt.pt; continue with --init_from=resume')
+    assert result.returncode == 128 + sig
+    assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == step
+    assert [r['step'] for r in records(workdir, out) if 'train_loss' in r] == list(range(1, step + 1))
+    train(workdir, f'--out_dir={out}', '--init_from=resume', *LONG)
+    assert records(workdir, out) == straight
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
+
+
 def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     """best.pt is written before ckpt.pt: a kill between the two repeats that evaluation on resume, which
     rewrites best.pt; a 0-byte best.pt.tmp of the killed write is cleaned up, a user's notes.tmp is not."""
@@ -323,6 +366,33 @@ def test_a_failing_rank_ends_every_rank(workdir):
     result = torchrun(workdir, *TINY, '--out_dir=out_ddp_fail', '--max_iters=4', check=False, timeout=60)
     assert result.returncode != 0
     assert 'train.py: cannot write out_ddp_fail/ckpt.pt' in result.stderr, result.stderr[-3000:]
+
+
+def rank_pid(torchrun_pid, rank):
+    """The process id of one rank of a torchrun, found through /proc (Linux)."""
+    children = Path(f'/proc/{torchrun_pid}/task/{torchrun_pid}/children').read_text().split()
+    return next(int(pid) for pid in children
+                if f'RANK={rank}'.encode() in Path(f'/proc/{pid}/environ').read_bytes().split(b'\0'))
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(workdir):
+    """SIGTERM to rank 1 alone (a scheduler's signal may reach the ranks at different steps): every rank stops at
+    the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and weights."""
+    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
+    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                REPO / 'train.py', *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
+                               env=dict(os.environ, OMP_NUM_THREADS='1'), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    wait_for_step(process, workdir / 'out_ddp_term' / 'log.jsonl', 5)
+    os.kill(rank_pid(process.pid, 1), signal.SIGTERM)
+    stderr = process.communicate(timeout=120)[1]
+    step = torch.load(workdir / 'out_ddp_term' / 'ckpt.pt', weights_only=True)['iter_num']
+    assert 5 <= step < 40 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
+    assert f'train.py: stopped by SIGTERM at step {step}; saved out_ddp_term/ckpt.pt' in stderr
+    assert max(log(workdir, 'out_ddp_term', 'train_loss')) == step
+    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
+    assert records(workdir, 'out_ddp_term') == records(workdir, 'out_ddp_straight')
+    assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
 
 
 def test_every_config_splits_its_batch_over_2_4_8_ranks():
