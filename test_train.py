@@ -1,6 +1,8 @@
 """train.py end to end on a tiny model and corpus: learning, exact resume, DDP, and its one-line errors."""
 import ast
 import contextlib
+import fcntl
+import gc
 import importlib.util
 import io
 import json
@@ -64,6 +66,7 @@ def train_here(workdir, args, check=True):
     finally:
         sys.argv = argv
         os.chdir(cwd)
+        gc.collect()  # the run's globals form a reference cycle: free them, closing its out_dir lock
     result = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     if check and code != 0:
         raise AssertionError(f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -141,6 +144,7 @@ def test_resume_after_sigkill(workdir, straight):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert max(log(workdir, 'out_killed', 'train_loss')) < 40, "the run finished before it could be killed"
+    assert (workdir / 'out_killed' / '.lock').read_text() == f'{process.pid}\n'  # left, yet no obstacle
     train(workdir, '--out_dir=out_killed', '--init_from=resume', *LONG)
     assert records(workdir, 'out_killed') == straight
     assert not list((workdir / 'out_killed').glob('*.tmp'))
@@ -237,6 +241,26 @@ def test_a_run_is_never_overwritten_by_accident(workdir):
     assert snapshot(workdir / 'out_taken') == before
     train(workdir, '--out_dir=out_taken', '--max_iters=1', '--eval_interval=2', '--overwrite=True')
     assert [r['step'] for r in records(workdir, 'out_taken')] == [0, 1, 1]
+
+
+def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
+    """A run into an out_dir whose .lock another live process holds is refused with one line naming it,
+    nothing on disk changed, whether it would resume or start over; once the lock is let go, it goes ahead."""
+    common = ['--out_dir=out_locked', '--eval_interval=2']
+    train(workdir, *common, '--max_iters=2')
+    with open(workdir / 'out_locked' / '.lock', 'a+') as lock:  # as a run in another process holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails, not waits, if the last run still held it
+        lock.truncate(0)
+        lock.write(f'{os.getpid()}\n')
+        lock.flush()
+        before = snapshot(workdir / 'out_locked')
+        for args in (['--init_from=resume', '--max_iters=4'], ['--overwrite=True', '--max_iters=2']):
+            refused = train(workdir, *common, *args, check=False)
+            one_line_error(refused, f'train.py: another run (process {os.getpid()}) is writing to out_locked; '
+                                    f'wait for it to end, or pick another --out_dir')
+            assert snapshot(workdir / 'out_locked') == before
+    train(workdir, *common, '--init_from=resume', '--max_iters=4')
+    assert [r['step'] for r in records(workdir, 'out_locked') if 'val_loss' in r] == [0, 2, 4]
 
 
 @pytest.fixture(scope='module')

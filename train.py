@@ -13,6 +13,7 @@ checkpoint at the step it stops, to resume from.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
+import fcntl
 import json
 import math
 import os
@@ -204,6 +205,22 @@ def save_checkpoint(name):
         saved_step = iter_num
 
 
+def lock_out_dir():
+    """Hold out_dir/.lock while this process lives, so a second run into out_dir is refused; one that dies,
+    even by SIGKILL, lets go, as the kernel drops a process's flock with its files (Linux, macOS)."""
+    lock = open(os.path.join(out_dir, '.lock'), 'a+')
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise SystemExit(f"train.py: another run (process {lock.read().strip()}) is writing to {out_dir}; "
+                         f"wait for it to end, or pick another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def log_metrics(record):
     if master_process:
         with open(log_path, 'a') as f:
@@ -382,15 +399,12 @@ if init_from == 'resume' and os.path.exists(log_path):
             if record['step'] < iter_num or (record['step'] == iter_num and 'val_loss' not in record):
                 kept_log.append(line)
 
-# everything checked: start the process group, then make out_dir and tidy it
-if ddp:
-    init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    stop_group = torch.distributed.new_group(backend='gloo') if device_type == 'cuda' else None  # stop flag
-    if device_type == 'cuda':
-        torch.cuda.set_device(device)
+# everything checked: make out_dir, take it and tidy it, then start the process group (a rank 0 that stops
+# here leaves the others waiting for it in init_process_group, which torchrun ends quietly)
 if master_process and not eval_only:
     try:
         os.makedirs(out_dir, exist_ok=True)
+        out_dir_lock = lock_out_dir()
         for name in RUN_FILES:  # half-written files of a killed run (only ours: never a user's notes.tmp)
             if os.path.isfile(os.path.join(out_dir, name + '.tmp')):
                 os.remove(os.path.join(out_dir, name + '.tmp'))
@@ -404,6 +418,11 @@ if master_process and not eval_only:
             os.replace(log_path + '.tmp', log_path)
     except OSError as e:
         raise SystemExit(f"train.py: cannot write to {out_dir} ({e}); pick another --out_dir") from None
+if ddp:
+    init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    stop_group = torch.distributed.new_group(backend='gloo') if device_type == 'cuda' else None  # stop flag
+    if device_type == 'cuda':
+        torch.cuda.set_device(device)
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
