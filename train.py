@@ -259,8 +259,8 @@ def step_boundary():
     if ddp:
         flag = torch.tensor(stop_signal)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=stop_group)
-        stop_signal = flag.item()
-        if stop_signal:
+        if flag.item():  # (never reset stop_signal to 0 here: a signal may have arrived during the all-reduce)
+            stop_signal = flag.item()
             raise KeyboardInterrupt
 
 
