@@ -265,15 +265,19 @@ def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
 
 @pytest.fixture(scope='module')
 def previous_run(workdir):
-    """out_prev, a finished 2-step run; out_noopt, its checkpoint without the optimizer state; out_cut, cut short."""
+    """out_prev, a finished 2-step run; out_noopt and out_nometa, its checkpoint without the optimizer state
+    or the data's meta.json (an older train.py's); out_cut, cut short; data/other_char, another corpus."""
     train(workdir, '--out_dir=out_prev', '--max_iters=2', '--eval_interval=2')
     ckpt = workdir / 'out_prev' / 'ckpt.pt'
-    checkpoint = torch.load(ckpt, weights_only=True)
-    del checkpoint['optimizer']
-    (workdir / 'out_noopt').mkdir()
-    torch.save(checkpoint, workdir / 'out_noopt' / 'ckpt.pt')
+    for out, key in ('out_noopt', 'optimizer'), ('out_nometa', 'data_meta'):
+        checkpoint = torch.load(ckpt, weights_only=True)
+        del checkpoint[key]
+        (workdir / out).mkdir()
+        torch.save(checkpoint, workdir / out / 'ckpt.pt')
     (workdir / 'out_cut').mkdir()
     (workdir / 'out_cut' / 'ckpt.pt').write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
+    (workdir / 'other.txt').write_text((workdir / 'tiny.txt').read_text().upper())
+    run([REPO / 'prepare.py', '--input=other.txt', '--out_dir=data/other_char'], workdir)
     return workdir
 
 
@@ -309,6 +313,14 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--out_dir=out_fresh', '--batch_size=0'], 'batch_size=0'),  # no empty out_fresh either
     ([], 'out_prev already holds a run', '--init_from=resume', '--overwrite=True'),
     (['--init_from=resume', '--out_dir=out_noopt'], 'has no optimizer'),
+    (['--init_from=resume', '--out_dir=out_nometa'], 'has no data_meta', 'cannot be resumed exactly'),
+    (['--init_from=resume', '--dataset=other_char'], 'data/other_char is not the data out_prev/ckpt.pt',
+     'differs in chars, settings, source', '--dataset=tiny_char'),
+    (['--init_from=resume', '--batch_size=4', '--seed=7', '--learning_rate=1e-3', '--eval_interval=3'],
+     'trained with other settings: batch_size=8 (now 4), learning_rate=0.003 (now 0.001), seed=1337 (now 7); '
+     'resume with the settings it was trained with'),
+    (['--init_from=resume', '--warmup_iters=3', '--dtype=float32'],
+     "warmup_iters=2 (now 3), dtype='auto' (now 'float32')"),
     (['--init_from=resume', '--n_layer=3'], 'n_layer', 'different model'),
     (['--init_from=resume', '--out_dir=out_cut'], 'ckpt.pt', 'unreadable'),
     (['--init_from=resume', '--out_dir=out_none'], 'not found'),

@@ -96,6 +96,12 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_') and isin
 # dense bf16 TFLOP/s by GPU name, for MFU; say which one is used so the figure can be checked
 PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0, '4090': 165.0, 'V100': 125.0}
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
+# The settings a resumed run may change: where it writes and what it reports, the device it runs on, and where
+# it stops (max_iters, on purpose). Every other one shapes the batches, the update or the numbers the run
+# compares (eval_iters: best_val_loss), so it must match the checkpoint's; so must the data (its meta.json).
+MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'eval_interval', 'log_interval', 'eval_only',
+                        'wandb_log', 'wandb_project', 'wandb_run_name', 'log_grad_norms', 'dataset', 'data_dir',
+                        'max_iters', 'device', 'compile', 'peak_tflops')
 
 
 def micro_batches(global_batch, world_size, rank, batch_size):
@@ -363,14 +369,28 @@ except (TypeError, ValueError) as e:
 iter_num, best_val_loss, saved_step, checkpoint = 0, float('inf'), None, None
 if init_from == 'resume':
     raw_model, checkpoint = load_checkpoint(ckpt_path)
-    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss') if key not in checkpoint]
+    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config', 'data_meta')
+               if key not in checkpoint]
     if missing:
         raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed exactly; "
                          f"start over with --overwrite=True")
+    saved_meta, saved_config = checkpoint['data_meta'], checkpoint['config']
+    if saved_meta != data_meta:
+        differ = sorted(key for key in saved_meta.keys() | data_meta.keys()
+                        if saved_meta.get(key) != data_meta.get(key))
+        raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on (meta.json differs in "
+                         f"{', '.join(differ)}); resume with --dataset={saved_config['dataset']} as it was "
+                         f"prepared, or start over with --overwrite=True")
     if raw_model.config != model_config:
         changed = [f.name for f in fields(GPTConfig) if getattr(raw_model.config, f.name) != getattr(model_config, f.name)]
         raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} ({', '.join(changed)}); "
                          f"resume with the settings it was trained with")
+    # a setting added to train.py since the checkpoint was written counts as unchanged
+    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config
+               if key not in MAY_CHANGE_ON_RESUME and saved_config.get(key, config[key]) != config[key]]
+    if changed:
+        raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; resume "
+                         f"with the settings it was trained with, or start over with --overwrite=True")
     iter_num = saved_step = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
 else:
