@@ -1,5 +1,6 @@
 """train.py end to end on a tiny model and corpus: learning, exact resume, DDP, and its one-line errors."""
 import ast
+import builtins
 import contextlib
 import fcntl
 import gc
@@ -8,6 +9,7 @@ import io
 import json
 import os
 import random
+import resource
 import runpy
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,10 +121,10 @@ LONG = ['--max_iters=40', '--eval_interval=4', '--lr_decay_iters=40', '--variant
 
 def test_resume_continues_exactly(workdir, straight):
     """40 steps straight == 6 steps, stop, resume: the same log record for record, bit for bit, even when the
-    log ends in a half-written line."""
+    log ends in a half-written line, or holds lines that are not records."""
     train(workdir, '--out_dir=out_resumed', *LONG, '--max_iters=6')
     with open(workdir / 'out_resumed' / 'log.jsonl', 'a') as f:
-        f.write('{"step": 7, "train_lo')
+        f.write('{}\n[1, 2]\n"step"\n{"step": 7, "train_lo')
     train(workdir, '--out_dir=out_resumed', *LONG, '--init_from=resume')
     assert records(workdir, 'out_resumed') == straight
     assert [r['step'] for r in straight if 'train_loss' in r] == list(range(1, 41))
@@ -176,28 +179,37 @@ def assert_same_weights(first, second):
 
 
 @pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
-                                               (signal.SIGTERM, 'forward', 7)],
-                         ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass'])
+                                               (signal.SIGTERM, 'forward', 7),
+                                               (signal.SIGINT, 'update, save', 8)],
+                         ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass',
+                              'SIGINT in the update, again in the save'])
 def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig, during, step):
     """SIGINT or SIGTERM sent from inside step 8 (index 7): in its forward pass it stops the run at once, before
-    the step; in its weight update it waits for the update and the step's log record. Either way: one line, a
-    checkpoint at that step, and a resume equal to the uninterrupted run, log and weights, bit for bit."""
+    the step; in its weight update it waits for the update and the step's log record; a second Ctrl-C while
+    the checkpoint is written waits for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and
+    a resume equal to the uninterrupted run, log and weights, bit for bit."""
     calls = []
 
-    def signalling(function):
+    def eighth(*_):
+        calls.append(1)
+        return len(calls) == 8
+
+    def signalling(function, when):
         def wrapper(*args, **kwargs):
-            if during == 'update' or args[0].training:  # forward: training calls only, not evaluation's
-                calls.append(1)
-                if len(calls) == 8:
-                    os.kill(os.getpid(), sig)
+            if when(*args):
+                os.kill(os.getpid(), sig)
             return function(*args, **kwargs)
         return wrapper
 
-    if during == 'update':
-        monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', signalling(torch.nn.utils.clip_grad_norm_))
+    if during == 'forward':  # training calls only, not evaluation's
+        forward = signalling(GPT.forward, lambda model, *_: model.training and eighth())
+        monkeypatch.setattr(GPT, 'forward', forward)
     else:
-        monkeypatch.setattr(GPT, 'forward', signalling(GPT.forward))
-    out = f'out_{sig.name}_{during}'
+        clip = signalling(torch.nn.utils.clip_grad_norm_, eighth)
+        monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', clip)
+    if during == 'update, save':  # again at every torch.save from step 8 on
+        monkeypatch.setattr(torch, 'save', signalling(torch.save, lambda *_: len(calls) >= 8))
+    out = f"out_{sig.name}_{during.replace(', ', '_')}"
     result = train(workdir, f'--out_dir={out}', *LONG, check=False)
     monkeypatch.undo()
     how = 'interrupted' if sig == signal.SIGINT else 'stopped by SIGTERM'
@@ -205,6 +217,7 @@ def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, s
     assert result.returncode == 128 + sig
     assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == step
     assert [r['step'] for r in records(workdir, out) if 'train_loss' in r] == list(range(1, step + 1))
+    assert not list((workdir / out).glob('*.tmp'))
     train(workdir, f'--out_dir={out}', '--init_from=resume', *LONG)
     assert records(workdir, out) == straight
     assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
@@ -327,6 +340,7 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--out_dir=out_fresh', '--dataset=missing_char'], 'data/missing_char', 'python prepare.py'),
     (['--out_dir=out_fresh', '--n_embd=33'], 'n_embd=33', 'n_head'),
     (['--n_layers=3'], "did you mean 'n_layer'"),
+    (['--out_dir=out_fresh', '--seed=99999999999999999999999'], 'seed=99999999999999999999999', '2**64 - 1'),
 ]
 
 
@@ -360,6 +374,51 @@ def test_non_finite_losses_stop_without_saving(workdir):
     one_line_error(train(workdir, 'nan.py', '--out_dir=out_nan', '--max_iters=5', check=False),
                    'lambdas must be finite')  # a NaN λ is refused before anything runs
     assert not (workdir / 'out_nan').exists()
+
+
+def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatch):
+    """A full disk when the log is appended to (its 3rd record), or a token id outside the vocabulary in the
+    training data (which prepare.py's checks on reading do not scan): one line, and ckpt.pt of step 0 kept."""
+    real_open = builtins.open
+    appends = []
+
+    def full_disk_open(path, mode='r', *args, **kwargs):
+        if str(path).endswith('log.jsonl') and mode == 'a':
+            appends.append(path)
+            if len(appends) == 3:
+                return real_open('/dev/full', 'a')  # the write fails with ENOSPC
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, 'open', full_disk_open)
+    result = train(workdir, '--out_dir=out_full', '--max_iters=8', check=False)
+    monkeypatch.undo()
+    one_line_error(result, 'train.py: cannot write out_full/log.jsonl (OSError: [Errno 28] No space left on '
+                           'device); free disk space or fix out_dir, out_full/ckpt.pt (step 0) is the last good '
+                           'checkpoint')
+    assert [r['step'] for r in records(workdir, 'out_full')] == [0, 1]
+
+    bad = workdir / 'data' / 'badtoken_char'
+    bad.mkdir()
+    for name in ('meta.json', 'val.bin', 'train.bin'):
+        (bad / name).write_bytes((workdir / 'data' / 'tiny_char' / name).read_bytes())
+    tokens = np.fromfile(bad / 'train.bin', dtype=np.uint16)
+    tokens[::50] = 60000
+    tokens.tofile(bad / 'train.bin')
+    result = train(workdir, '--out_dir=out_badtoken', '--dataset=badtoken_char', '--max_iters=8', check=False)
+    one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside the vocabulary of',
+                   'python prepare.py', 'out_badtoken/ckpt.pt (step 0) is the last good checkpoint')
+
+
+def test_a_model_too_big_for_memory_is_one_line(workdir):
+    """n_embd=200000 asks for 160 GB matrices: one line (run with an address-space limit, so that no machine
+    really tries to find the memory)."""
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    result = run([REPO / 'train.py', *TINY, '--out_dir=out_huge', '--n_embd=200000'], workdir, check=False,
+                 preexec_fn=limit_memory)
+    one_line_error(result, 'train.py: the model does not fit in cpu memory', "can't allocate memory",
+                   'use a smaller model')
+    assert not (workdir / 'out_huge').exists()
 
 
 def torchrun(workdir, *args, **kw):

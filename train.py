@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
-from prepare import load_meta, open_split
+from prepare import load_meta, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
 # defaults: a small Identity ResFormer on character-level Shakespeare that trains on a laptop CPU in minutes
@@ -131,6 +131,9 @@ def global_batch_places(step):
 def windows(shards, places):
     """Windows of block_size + 1 tokens at places, as (inputs, next-token targets) on the device."""
     rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
+    if rows.max() >= data_meta['vocab_size']:  # open_split scans only the (small) validation split
+        raise SystemExit(f"train.py: {data_dir} holds token id {rows.max()}, outside the vocabulary of "
+                         f"{data_meta['vocab_size']}; run `{prepare_command(data_dir)}` again; stopped, {kept()}")
     x, y = rows[:, :-1], rows[:, 1:]
     if device_type == 'cuda':
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
@@ -205,10 +208,14 @@ def save_checkpoint(name):
         torch.save(checkpoint, path + '.tmp')
         os.replace(path + '.tmp', path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        raise SystemExit(f"train.py: cannot write {path} ({type(e).__name__}: {e}); free disk space or fix out_dir, "
-                         f"{kept()}") from None
+        cannot_write(path, e)
     if name == 'ckpt.pt':
         saved_step = iter_num
+
+
+def cannot_write(path, error):
+    raise SystemExit(f"train.py: cannot write {path} ({type(error).__name__}: {error}); free disk space or fix "
+                     f"out_dir, {kept()}") from None
 
 
 def lock_out_dir():
@@ -229,8 +236,11 @@ def lock_out_dir():
 
 def log_metrics(record):
     if master_process:
-        with open(log_path, 'a') as f:
-            f.write(json.dumps(record) + '\n')
+        try:  # a record cut short by a full disk is skipped on resume, like one cut by a kill
+            with open(log_path, 'a') as f:
+                f.write(json.dumps(record) + '\n')
+        except OSError as e:
+            cannot_write(log_path, e)
         if wandb_log:
             wandb.log(record, step=record['step'])
 
@@ -311,6 +321,7 @@ for ok, problem in [
                                           f"use 0 <= warmup_iters <= lr_decay_iters"),
     (weight_decay >= 0 and grad_clip >= 0, f"weight_decay={weight_decay}, grad_clip={grad_clip}; use 0 or more"),
     (peak_tflops >= 0, f"peak_tflops={peak_tflops}; use 0 (look it up) or the accelerator's peak"),
+    (0 <= seed < 2 ** 64, f"seed={seed}; use an integer from 0 to 2**64 - 1"),  # what torch.manual_seed takes
 ]:
     if not ok:
         raise SystemExit(f"train.py: {problem}")
@@ -393,10 +404,14 @@ if init_from == 'resume':
                          f"with the settings it was trained with, or start over with --overwrite=True")
     iter_num = saved_step = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
-else:
-    torch.manual_seed(seed)
-    raw_model = GPT(model_config)
-raw_model.to(device)
+try:
+    if checkpoint is None:
+        torch.manual_seed(seed)
+        raw_model = GPT(model_config)
+    raw_model.to(device)
+except RuntimeError as e:  # the allocator's "can't allocate memory", on the CPU or a GPU
+    raise SystemExit(f"train.py: the model does not fit in {device} memory ({str(e).splitlines()[0]}); use a "
+                     f"smaller model (n_layer, n_embd, ...) or a device with more memory") from None
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == 'float16')
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
@@ -414,10 +429,10 @@ if init_from == 'resume' and os.path.exists(log_path):
         for line in f:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:  # the last line of a run killed mid-write
+                if record['step'] < iter_num or (record['step'] == iter_num and 'val_loss' not in record):
+                    kept_log.append(line)
+            except (ValueError, TypeError, KeyError):  # a line cut by a kill or a full disk, or not a record
                 continue
-            if record['step'] < iter_num or (record['step'] == iter_num and 'val_loss' not in record):
-                kept_log.append(line)
 
 # everything checked: make out_dir, take it and tidy it, then start the process group (a rank 0 that stops
 # here leaves the others waiting for it in init_process_group, which torchrun ends quietly)
