@@ -456,11 +456,17 @@ def test_ddp_matches_single_process(workdir, setup):
 
 
 def test_a_failing_rank_ends_every_rank(workdir):
-    """Rank 0 cannot write its checkpoint while rank 1 waits in an all-reduce: both end, with rank 0's message."""
+    """Rank 0 cannot write its checkpoint while rank 1 waits in an all-reduce: both end, with rank 0's message,
+    printed once, as the root cause in torchrun's closing summary (its last lines); no traceback of ours."""
     (workdir / 'out_ddp_fail' / 'ckpt.pt.tmp').mkdir(parents=True)
     result = torchrun(workdir, *TINY, '--out_dir=out_ddp_fail', '--max_iters=4', check=False, timeout=60)
     assert result.returncode != 0
     assert 'train.py: cannot write out_ddp_fail/ckpt.pt' in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count('train.py: cannot write') == 1 and 'train.py", line' not in result.stderr
+    last = result.stderr.strip().splitlines()[-5:]
+    assert 'rank      : 0 (local_rank: 0)' in last[0], last
+    assert 'traceback : train.py: cannot write' in last[-2], last
+    assert 'traceback : train.py: rank 1 stopped because another rank failed' in result.stderr
 
 
 def rank_pid(torchrun_pid, rank):

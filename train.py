@@ -280,6 +280,18 @@ def step_boundary():
             raise KeyboardInterrupt
 
 
+def stop_rank(message, after_a_peer=False):
+    """End this rank with its one-line error. torchrun gets it in the rank's error file instead of stderr: its
+    closing summary, the last thing it prints, shows the first failure's line, so the line shows once, last. A
+    rank that stops because a peer failed is stamped a second later, so that the peer's failure stays first."""
+    if 'TORCHELASTIC_ERROR_FILE' not in os.environ:  # plain python, or another launcher
+        raise SystemExit(message)
+    error = {'message': message, 'extraInfo': {'timestamp': int(time.time()) + after_a_peer}}
+    with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+        json.dump({'message': error}, f)
+    raise SystemExit(1)
+
+
 def estimate_time(micro_batch_seconds):
     """Say what the run costs, from the time of its first micro-batch: the first thing that can be measured."""
     step_seconds, steps = micro_batch_seconds * len(rank_micro_batches), max_iters - iter_num
@@ -578,6 +590,14 @@ try:
         torch.distributed.all_reduce(lowest, op=torch.distributed.ReduceOp.MIN)
         if master_process:
             progress.write(f"weights across {ddp_world_size} ranks differ by at most {(highest - lowest).max().item():.3g}")
+except SystemExit as stop:
+    if ddp and isinstance(stop.code, str):
+        stop_rank(stop.code)
+    raise
+except RuntimeError as e:  # gloo's error in a collective whose peer has exited: that peer says why
+    if not (ddp and ' by peer' in str(e)):
+        raise
+    stop_rank(f"train.py: rank {ddp_rank} stopped because another rank failed", after_a_peer=True)
 except KeyboardInterrupt:
     holding = True  # a second Ctrl-C (or torchrun's SIGTERM to the ranks left) waits for the checkpoint
     progress.close()
