@@ -5,6 +5,7 @@ import contextlib
 import fcntl
 import gc
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -494,6 +495,14 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
     assert records(workdir, 'out_ddp_term') == records(workdir, 'out_ddp_straight')
     assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
+
+
+def test_ddp_gets_the_buffer_keyword_its_torch_has():
+    """forward_sync_buffers where DDP has it (recent torch), else broadcast_buffers (older torch)."""
+    buffer_sync_off = train_function('buffer_sync_off')
+    assert buffer_sync_off(['module', 'device_ids', 'broadcast_buffers']) == {'broadcast_buffers': False}
+    installed = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    assert buffer_sync_off(installed).keys() <= installed.keys()
 
 
 def test_every_config_splits_its_batch_over_2_4_8_ranks():

@@ -14,6 +14,7 @@ checkpoint at the step it stops, to resume from.
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
 import fcntl
+import inspect
 import json
 import math
 import os
@@ -280,6 +281,12 @@ def step_boundary():
             raise KeyboardInterrupt
 
 
+def buffer_sync_off(ddp_parameters):
+    """DDP's keyword for not syncing buffers before every forward (ours, the RoPE table and fixed λ, never
+    change): recent torch's forward_sync_buffers, which deprecates broadcast_buffers, older torch's only one."""
+    return {'forward_sync_buffers' if 'forward_sync_buffers' in ddp_parameters else 'broadcast_buffers': False}
+
+
 def stop_rank(message, after_a_peer=False):
     """End this rank with its one-line error. torchrun gets it in the rank's error file instead of stderr: its
     closing summary, the last thing it prints, shows the first failure's line, so the line shows once, last. A
@@ -475,10 +482,12 @@ if device_type == 'cuda':
     torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if ptdtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, ptdtype))
 compiled = device_type == 'cuda' if compile is None else compile
-fast_model = torch.compile(raw_model) if compiled else raw_model
-model = fast_model  # what the training step calls: wrapped for DDP below; evaluation calls fast_model directly
-if ddp:  # our buffers (RoPE table, fixed λ) never change, so DDP need not sync them before every forward
-    model = DDP(fast_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None, forward_sync_buffers=False)
+fast_model = torch.compile(raw_model) if compiled else raw_model  # evaluation's, and one process's training
+model = fast_model  # what the training step calls
+if ddp:  # compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
+    ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
+                    **buffer_sync_off(inspect.signature(DDP).parameters))
+    model = torch.compile(ddp_model) if compiled else ddp_model
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = {global_batch} "
           f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to {batch_size}; "
@@ -537,7 +546,7 @@ try:
         for micro_step, (start, stop) in enumerate(rank_micro_batches):
             x, y = windows(train_shards, places[start:stop])
             if ddp:
-                model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1  # all-reduce once
+                ddp_model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1  # once a step
             with autocast:
                 _, loss = model(x, y)
                 loss = loss * ((stop - start) / rank_share)  # the mean over this rank's share; DDP averages the shares
@@ -616,6 +625,6 @@ finally:
     for sig, handler in previous_handlers.items():
         signal.signal(sig, handler)
 if ddp:  # only after a run that went well (a failed rank just exits, and its peers' collectives fail with it):
-    del model, fast_model, raw_model, optimizer  # free everything, wait for all ranks, then tear down, or gloo
-    barrier()                                    # aborts now and then at exit
+    del model, ddp_model, fast_model, raw_model, optimizer  # free everything, wait for all ranks, then tear
+    barrier()                                               # down, or gloo aborts now and then at exit
     destroy_process_group()
