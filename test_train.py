@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT, VARIANTS, GPTConfig
 
 REPO = Path(__file__).resolve().parent
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8',
@@ -536,6 +536,17 @@ def train_defaults():
     return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
             and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
+
+
+def test_help_explains_every_model_flag(workdir):
+    """--help prints each setting's comment: every model flag has one, and variant's names every preset."""
+    text = train_here(workdir, ['--help']).stdout
+    flags = [f.name for f in fields(GPTConfig) if f.name in train_defaults()]
+    comments = {line.split()[0].split('=')[0]: line.split(maxsplit=1)[1:] for line in text.splitlines()
+                if line.startswith('  --')}
+    assert len(flags) > 15 and [flag for flag in flags if not comments[f'--{flag}']] == []
+    variant = comments['--variant'][0]
+    assert all(name.split('_')[-1] in variant for name in VARIANTS), variant
 
 
 PAPER_SIZES = {'resformer_82m.py': 82e6, 'resformer_180m.py': 180e6, 'resformer_468m.py': 468e6,

@@ -53,27 +53,27 @@ log_grad_norms = False  # also log every parameter's gradient norm (before clipp
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
 gradient_accumulation_steps = 1  # the global batch per optimizer step is gradient_accumulation_steps x batch_size
 batch_size = 16  # sequences, whatever the number of ranks; also the most sequences one forward pass takes
-block_size = 128
+block_size = 128  # tokens per sequence: the context length T
 # model: see GPTConfig in model.py for what each flag means
-variant = 'resformer_identity'  # a name from model.VARIANTS, or 'custom' to set the flags below yourself
-n_layer = 4
-n_head = 4
-n_kv_head = None
-n_embd = 128
-ffn_hidden = None
-rope_theta = 10000.0
-dropout = 0.0
-tie_embeddings = False
-value_residual = False
-lambdas = None
-lambda_mode = 'fixed'
-value_rescale = False
+variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer, resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
+n_layer = 4  # transformer blocks
+n_head = 4  # query heads; head_dim = n_embd / n_head
+n_kv_head = None  # key/value heads: None = n_head (MHA), fewer = GQA, 1 = MQA
+n_embd = 128  # model width d
+ffn_hidden = None  # SwiGLU hidden size: None = 3.5 x n_embd, as in the paper
+rope_theta = 10000.0  # RoPE base frequency
+dropout = 0.0  # on attention probabilities and residual branches (the paper uses 0)
+tie_embeddings = False  # share the input embedding with the LM head (the paper does not)
+value_residual = False  # mix V1 into every later layer's values, weighted by lambdas (ResFormer / SVFormer)
+lambdas = None  # n_layer rows (weight on V1, weight on V_n); None = Identity, (0.5, 0.5) after layer 1
+lambda_mode = 'fixed'  # 'fixed', 'learnable' (starting from lambdas) or 'plus' (Learnable-Plus)
+value_rescale = False  # divide the mixed values by λ_{n,1} + λ_{n,2} (our reading of the paper)
 residual_source = 0  # layer the residual is taken from: 0 = V1 (the paper), 1 = V2; H0/H1 for residual_type='hidden'
 residual_type = 'value'  # what it mixes: 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)
 value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (layer 1's own A_1 V1 mixed in; Sec. 4.4)
-neutreno_lambda = 0.0
-denseformer = False
-share_kv = 'none'
+neutreno_lambda = 0.0  # NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n); 0 = off
+denseformer = False  # DenseFormer baseline: each block's input a learned average of all earlier outputs
+share_kv = 'none'  # cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
 max_iters = 600
