@@ -54,7 +54,7 @@ def train(workdir, *args, check=True):
     return train_here(workdir, [*TINY, *args], check)
 
 
-def train_here(workdir, args, check=True):
+def train_here(workdir, args, check=True, script=REPO / 'train.py'):
     """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code and
     output as a CompletedProcess."""
     argv, cwd, out, err = sys.argv, os.getcwd(), io.StringIO(), io.StringIO()
@@ -62,7 +62,7 @@ def train_here(workdir, args, check=True):
     os.chdir(workdir)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            runpy.run_path(str(REPO / 'train.py'))
+            runpy.run_path(str(script))
     except SystemExit as stop:  # what the interpreter does with it at exit
         code = stop.code if isinstance(stop.code, int) else 1
         if not isinstance(stop.code, int):
@@ -108,6 +108,25 @@ def test_training_lowers_the_loss(workdir):
     assert val[60] < 0.75 * val[0], val
     assert (workdir / 'out_learn' / 'best.pt').exists() and (workdir / 'out_learn' / 'ckpt.pt').exists()
     assert '256 tokens per step' in result.stdout and 'for the 60 steps to go' in result.stdout
+
+
+def test_the_cost_estimate_changes_nothing(workdir):
+    """The line that says what a run costs, printed before step 0's evaluation, comes from a training
+    micro-batch and an evaluation batch run first: the run's log and weights stay bit-identical to those of
+    the same train.py without that probe (with dropout on, and 2 micro-batches a step)."""
+    source = (REPO / 'train.py').read_text()
+    probe = '        estimate_time()  # before the step-0 evaluation'
+    assert source.count(probe) == 1
+    (workdir / 'train_unprobed.py').write_text(source.replace(probe, '        pass  # '))
+    args = [*TINY, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6', '--dropout=0.1',
+            '--variant=resformer_learnable', '--gradient_accumulation_steps=2', '--batch_size=4']
+    result = train_here(workdir, [*args, '--out_dir=out_probed'])
+    train_here(workdir, [*args, '--out_dir=out_unprobed'], script=workdir / 'train_unprobed.py')
+    lines = [line for line in result.stdout.splitlines() if not line.startswith('Overriding')]
+    assert 'for the 6 steps to go, plus' in lines[2] and 'for 3 evaluations' in lines[2], lines[:4]
+    assert lines[3].startswith('step 0: val loss')  # the estimate comes before any long work
+    assert records(workdir, 'out_probed') == records(workdir, 'out_unprobed')
+    assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
 
 
 @pytest.fixture(scope='module')
@@ -180,15 +199,16 @@ def assert_same_weights(first, second):
 
 
 @pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
-                                               (signal.SIGTERM, 'forward', 7),
+                                               (signal.SIGTERM, 'forward', 6),
                                                (signal.SIGINT, 'update, save', 8)],
                          ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass',
                               'SIGINT in the update, again in the save'])
 def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig, during, step):
-    """SIGINT or SIGTERM sent from inside step 8 (index 7): in its forward pass it stops the run at once, before
-    the step; in its weight update it waits for the update and the step's log record; a second Ctrl-C while
-    the checkpoint is written waits for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and
-    a resume equal to the uninterrupted run, log and weights, bit for bit."""
+    """SIGINT or SIGTERM sent from inside a step. In the 8th training forward pass (the cost estimate makes the
+    first, so the 7th step's) it stops the run at once, at step 6; in the 8th weight update it waits for the
+    update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits for
+    it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
+    uninterrupted run, log and weights, bit for bit."""
     calls = []
 
     def eighth(*_):
@@ -378,8 +398,9 @@ def test_non_finite_losses_stop_without_saving(workdir):
 
 
 def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatch):
-    """A full disk when the log is appended to (its 3rd record), or a token id outside the vocabulary in the
-    training data (which prepare.py's checks on reading do not scan): one line, and ckpt.pt of step 0 kept."""
+    """A full disk when the log is appended to (its 3rd record): one line, and ckpt.pt of step 0 kept.
+    A token id outside the vocabulary in the training data (prepare.py's checks on reading do not scan
+    that split): one line."""
     real_open = builtins.open
     appends = []
 
@@ -407,7 +428,7 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     tokens.tofile(bad / 'train.bin')
     result = train(workdir, '--out_dir=out_badtoken', '--dataset=badtoken_char', '--max_iters=8', check=False)
     one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside the vocabulary of',
-                   'python prepare.py', 'out_badtoken/ckpt.pt (step 0) is the last good checkpoint')
+                   'python prepare.py', 'no checkpoint written')  # the cost estimate's batch, before step 0
 
 
 def test_a_model_too_big_for_memory_is_one_line(workdir):

@@ -299,12 +299,45 @@ def stop_rank(message, after_a_peer=False):
     raise SystemExit(1)
 
 
-def estimate_time(micro_batch_seconds):
-    """Say what the run costs, from the time of its first micro-batch: the first thing that can be measured."""
-    step_seconds, steps = micro_batch_seconds * len(rank_micro_batches), max_iters - iter_num
-    progress.write(f"the first micro-batch took {micro_batch_seconds:.2f} s{' (compiling included)' if compiled else ''}: "
-                   f"about {duration(step_seconds)} a step ({tokens_per_iter / step_seconds:,.0f} tokens/s), "
-                   f"{duration(step_seconds * steps)} for the {steps} steps to go, plus evaluations")
+def seconds_of(work):
+    """Seconds one call of work() takes, waiting for the device; when compiled, the second call's (the first
+    one compiles)."""
+    for _ in range(1 + compiled):
+        start = time.time()
+        work()
+        if device_type == 'cuda':
+            torch.cuda.synchronize()
+    return time.time() - start
+
+
+def estimate_time():
+    """Say what the run costs before any long work: time one training micro-batch (its gradients then dropped,
+    so the run is unchanged: no update, and every step seeds its own randomness) and one evaluation batch."""
+    start, stop = rank_micro_batches[0]
+    x, y = windows(train_shards, global_batch_places(iter_num)[start:stop])
+
+    def micro_batch():
+        with autocast:
+            model(x, y)[1].backward()
+
+    @torch.no_grad()
+    def eval_batch():
+        with autocast:
+            fast_model(*windows(val_shards, val_batches[0]))
+
+    began = time.time()
+    step = seconds_of(micro_batch) * len(rank_micro_batches)
+    optimizer.zero_grad(set_to_none=True)
+    fast_model.eval()
+    evaluation = seconds_of(eval_batch) * len(val_batches[ddp_rank::ddp_world_size])
+    fast_model.train()
+    compiling = f"; compiling took {duration(time.time() - began - step - evaluation)}" if compiled else ""
+    first_eval = -(-iter_num // eval_interval) * eval_interval
+    evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
+    steps = max_iters - iter_num
+    progress.write(f"about {duration(step)} a step ({tokens_per_iter / step:,.0f} tokens/s): "
+                   f"{duration(step * steps)} for the {steps} steps to go, plus {duration(evaluation * evaluations)} "
+                   f"for {evaluations} evaluations{compiling}")
 
 
 def duration(seconds):
@@ -506,11 +539,14 @@ check_every_step = device_type == 'cpu'
 not_finite = torch.zeros((), dtype=torch.bool, device=device)  # set at any step whose loss or gradient norm is NaN/inf
 train_loss = grad_norm = torch.zeros((), device=device)
 checked_step = first_step = iter_num  # the first step whose loss is not yet known to be finite; where this run began
-t_log, steps_timed = time.time(), 0
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True, mininterval=1.0)
 stop_signal, holding = 0, False  # the signal that asked the run to stop; whether it waits for a block to end
 previous_handlers = {sig: signal.signal(sig, on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 try:
+    if not eval_only and iter_num < max_iters:
+        estimate_time()  # before the step-0 evaluation, and every rank (a backward all-reduces under DDP)
+        progress.unpause()  # the bar's clock skips it
+    t_log, steps_timed = time.time(), 0
     while True:
         step_boundary()
         if eval_only:
@@ -552,9 +588,6 @@ try:
                 loss = loss * ((stop - start) / rank_share)  # the mean over this rank's share; DDP averages the shares
             train_loss += loss.detach()
             scaler.scale(loss).backward()
-            if iter_num == first_step and micro_step == 0 and master_process:
-                loss.item()  # waits for the device
-                estimate_time(time.time() - t_log)
         logging_now = (iter_num + 1) % log_interval == 0 or iter_num + 1 == max_iters
         with uninterruptible():  # a stop signal waits for the update and its log record
             scaler.unscale_(optimizer)
@@ -571,6 +604,8 @@ try:
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
+            if iter_num == first_step + 1 and device_type == 'cuda' and master_process:
+                progress.write(f"peak GPU memory: {torch.cuda.max_memory_allocated(device) / 2 ** 30:.1f} GiB")
             steps_timed += 1
             progress.update(1)
             if logging_now:
