@@ -315,6 +315,14 @@ def previous_run(workdir):
     return workdir
 
 
+def test_eval_only_scores_a_checkpoint_with_other_settings_or_data(previous_run):
+    """A resume must keep the data and the settings; an eval_only run, which writes nothing, may change them."""
+    before = snapshot(previous_run)
+    result = train(previous_run, '--out_dir=out_prev', '--init_from=resume', '--eval_only=True',
+                   '--batch_size=4', '--eval_iters=3', '--seed=7')
+    assert 'step 2: val loss' in result.stdout and snapshot(previous_run) == before
+
+
 def read_only_folder(workdir):
     """A folder this process cannot write to: a chmod'ed one, or /sys for root (whom chmod does not stop)."""
     if os.geteuid() == 0:

@@ -438,7 +438,7 @@ if init_from == 'resume':
         raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed exactly; "
                          f"start over with --overwrite=True")
     saved_meta, saved_config = checkpoint['data_meta'], checkpoint['config']
-    if saved_meta != data_meta:
+    if saved_meta != data_meta and not eval_only:  # eval_only, which writes nothing, may score it any way
         differ = sorted(key for key in saved_meta.keys() | data_meta.keys()
                         if saved_meta.get(key) != data_meta.get(key))
         raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on (meta.json differs in "
@@ -451,7 +451,7 @@ if init_from == 'resume':
     # a setting added to train.py since the checkpoint was written counts as unchanged
     changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config
                if key not in MAY_CHANGE_ON_RESUME and saved_config.get(key, config[key]) != config[key]]
-    if changed:
+    if changed and not eval_only:
         raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; resume "
                          f"with the settings it was trained with, or start over with --overwrite=True")
     iter_num = saved_step = checkpoint['iter_num']
