@@ -83,6 +83,9 @@ class GPTConfig:
     """DenseFormer baseline: after each block, a learned weighted average of the embedding and all block outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
+    value_embeds: bool = False
+    """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included, adds
+    a token embedding table (vocab x kv_dim) to its values, gated per KV head. Not in the paper; for comparison."""
 
     def __post_init__(self):
         resolve_config(self)  # defaults, the named variant's flags, and a one-line ValueError for any bad setting
@@ -98,6 +101,10 @@ class GPTConfig:
         """SVFormer rule: a layer whose fixed weight on its own V_n is 0 needs no W_V (and caches no values)."""
         svformer_layer = self.mixes(layer) == 'value' and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
         return not svformer_layer and not self.shares_prev(layer, 'v')
+
+    def has_value_embed(self, layer):
+        """nanochat's placement: alternating layers, counted from the last."""
+        return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
 
     def shares_prev(self, layer, what):
         """CLA pairs (0, 1), (2, 3), ...: the second layer of a pair reuses the first's K ('k') or V ('v')."""
@@ -120,6 +127,9 @@ class CausalSelfAttention(nn.Module):
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(config.n_embd, kv_dim, bias=False)
         self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False) if config.owns_value_proj(layer) else None
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
+        self.ve_gate = nn.Linear(min(12, config.n_embd), self.n_kv_head, bias=False) \
+            if config.has_value_embed(layer) else None
         self.shares_v = config.shares_prev(layer, 'v')
         self.mixes = config.mixes(layer)
         # the attention-matrix residual needs A as a tensor, in the source layer and in every layer mixing it in
@@ -129,9 +139,10 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats, value_embed=None):
         """x (B, T, C) -> (output (B, T, C), this layer's Heads). lam: this layer's (λ1, λ2); source: the Heads of
-        the residual's source layer (V1's layer), None up to it; prev: the previous layer's Heads (for CLA)."""
+        the residual's source layer (V1's layer), None up to it; prev: the previous layer's Heads (for CLA);
+        value_embed: this layer's value embedding of the tokens (B, T, kv_dim), or None."""
         B, T, C = x.shape
         q = apply_rope(self.c_q(x).view(B, T, self.n_head, self.head_dim), *rope).transpose(1, 2)
         if self.mixes == 'query':
@@ -153,6 +164,9 @@ class CausalSelfAttention(nn.Module):
             v = lam[0] * source.v
         else:
             v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
+                gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
+                v = v + gate.unsqueeze(-1) * value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
             if self.mixes == 'value':
                 # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
                 # repetition; V1 is not detached, so every layer trains layer 1's W_V.
@@ -190,8 +204,8 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
-        y, heads = self.attn(self.norm_attn(x), rope, lam, source, prev, kv_cache, stats)
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats, value_embed=None):
+        y, heads = self.attn(self.norm_attn(x), rope, lam, source, prev, kv_cache, stats, value_embed)
         x = x + y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -224,6 +238,9 @@ class GPT(nn.Module):
         # DenseFormer: block i's output is replaced by Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1}; α starts at identity
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float()) for i in range(L)) \
             if config.denseformer else None
+        kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
+                                           if config.has_value_embed(i)}) if config.value_embeds else None
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -235,6 +252,9 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
         self.apply(self._init_weights)
+        for block in self.blocks:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
+            if block.attn.ve_gate is not None:
+                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -277,7 +297,8 @@ class GPT(nn.Module):
                 h_source = x  # H_s, the input of the source block (H0 = the embedding)
             elif self.config.mixes(i) == 'hidden':
                 x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # Sec. 4.4 hidden residual: x_n <- λ1 H_s + λ2 x_n
-            x, prev = block(x, rope, lambdas[i], source, prev, kv_cache, stats)
+            value_embed = self.value_embeds[str(i)](idx) if block.attn.ve_gate is not None else None
+            x, prev = block(x, rope, lambdas[i], source, prev, kv_cache, stats, value_embed)
             if i == s:
                 source = prev  # V1 (and Q1, K1, A1, U1), all cached positions included, for every later layer
             if self.dwa is not None:
@@ -347,9 +368,13 @@ class GPT(nn.Module):
         return idx
 
     def num_params(self, exclude_embedding=False):
-        """Parameters (shared ones once); exclude_embedding drops the input embedding, which costs no FLOPs."""
+        """Parameters (shared ones once); exclude_embedding drops the input embedding and the value embeddings,
+        which are lookups and cost no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wte.weight.numel() if exclude_embedding and not self.config.tie_embeddings else n
+        if exclude_embedding:
+            n -= sum(p.numel() for p in self.value_embeds.parameters()) if self.value_embeds is not None else 0
+            n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
+        return n
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward): 6 per matmul weight plus attention's QK^T and AV."""
@@ -571,6 +596,10 @@ def check_flags(cfg, need):
          f"value_mapping='first' maps values, but residual_type={cfg.residual_type!r}; use residual_type='value'")
     if cfg.neutreno_lambda:
         need(cfg.n_kv_head == cfg.n_head, "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    if cfg.value_embeds:
+        lacking = [n + 1 for n in range(cfg.n_layer) if cfg.has_value_embed(n) and not cfg.owns_value_proj(n)]
+        need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have none "
+                          f"(SVFormer or share_kv); drop value_embeds or pick another variant")
     if not cfg.value_residual:
         need(cfg.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
         need(cfg.lambda_mode == 'fixed', f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")

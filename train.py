@@ -72,6 +72,7 @@ value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (laye
 neutreno_lambda = 0.0
 denseformer = False
 share_kv = 'none'
+value_embeds = False
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
 max_iters = 600
