@@ -11,6 +11,12 @@ import reproduce
 from reproduce import crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 
 
+@pytest.fixture(autouse=True)
+def probe(monkeypatch):
+    """The probe trains a tiny model; here every summary's code counts as today's unless a test says otherwise."""
+    monkeypatch.setattr(reproduce, 'probe', lambda settings: [4.0, 3.9, 3.8, 3.7])
+
+
 def test_statistics():
     assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert mean_std([4.0]) == (4.0, 0.0)
@@ -31,7 +37,7 @@ def test_statistics():
 
 def summary(settings, final, curve, params, kv=2048, lambdas=None, grads=None):
     return {'settings': settings, 'curve': curve, 'final_val_loss': final, 'params': params, 'kv_bytes_per_token': kv,
-            'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0}
+            'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0, 'commit': 'abc', 'probe': [4.0, 3.9, 3.8, 3.7]}
 
 
 def write_summaries(results_dir, suite, make):
@@ -99,20 +105,21 @@ def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monke
     """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
     commands = []
 
-    def fake_train(command, cwd, env, stdout, stderr):
+    def fake_train(command, env, stdout):
         commands.append(command)
         out_dir = Path(next(a for a in command if a.startswith('--out_dir=')).split('=', 1)[1])
         (out_dir / 'log.jsonl').write_text(json.dumps({'step': 600, 'val_loss': 2.0}) + '\n')
         torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
-        return subprocess.CompletedProcess(command, 0)
-    monkeypatch.setattr(reproduce.subprocess, 'run', fake_train)
+        return 0
+    monkeypatch.setattr(reproduce, 'train', fake_train)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:3]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     finished, interrupted, killed = (name for _, name, _ in runs)
     (results / 'runs').mkdir(parents=True)
-    (results / 'runs' / f'{finished}.json').write_text('{}')
+    (results / 'runs' / f'{finished}.json').write_text(json.dumps(summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)))
     (runs_dir / interrupted).mkdir(parents=True)
     (runs_dir / interrupted / 'ckpt.pt').write_bytes(b'a checkpoint')
+    (runs_dir / interrupted / 'probe.json').write_text('[4.0, 3.9, 3.8, 3.7]')  # started by today's code
     (runs_dir / killed).mkdir(parents=True)
     (runs_dir / killed / 'log.jsonl').write_text('{"step": 0, "val_loss": 4.0}\n')
 
@@ -132,6 +139,6 @@ def test_run_names_identify_settings():
     names = {name for suite in reproduce.SUITES for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
-    assert len(names) == len(settings) == 87
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3  # depth: 7 new groups; value_embed: 2 x 3 new
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
