@@ -8,15 +8,14 @@ the attention *values*: layer n > 1 mixes layer 1's values V1 into its own befor
 
 with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transformer, (0.5, 0.5) Identity
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
-cache no values). The paper's baselines (NeuTRENO, DenseFormer, CLA, GQA/MQA) and its Sec. 4.4
-ablations (residual from V2, on queries, keys, the attention matrix or the hidden state, mapped
-through layer 1's attention) are flags here too.
-Layers are 0-based in the code and 1-based in the paper: the code's `layer 0` is the paper's V1.
+cache no values).
 
-Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention (the paper's equation
-and its ablations); Block and GPT (where V1 is taken and handed on, and the λ table); then the
-plumbing: MLP, RoPE, the attention kernels, the KV cache, the named variants and config checks,
-checkpoint loading.
+Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention.forward, the paper's
+path (vanilla -> ResFormer -> SVFormer -> KV cache) in one stretch; Block and GPT (where V1 is taken
+and handed on, and the λ table). Then, off that path: the ablations of the paper's Sec. 4.4 and its
+baselines (NeuTRENO, DenseFormer, CLA, share-K/V) and value embeddings; the building blocks (MLP,
+RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
+Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
 import math
@@ -60,7 +59,7 @@ class GPTConfig:
     residual_source, residual_type and value_mapping below change what is mixed, and where."""
     lambdas: tuple = None
     """(n_layer, 2) rows (weight on V1, weight on V_n); rows up to residual_source must be (0, 1).
-    None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 has no value projection (SVFormer)."""
+    None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 is an SVFormer layer: no W_V."""
     lambda_mode: str = 'fixed'
     """'fixed' (λ as given), 'learnable' (λ initialised from `lambdas`), or 'plus' (Learnable-Plus:
     λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
@@ -73,7 +72,7 @@ class GPTConfig:
     residual_type: str = 'value'
     """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query'
     (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
-    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the paper's "hidden residual")."""
+    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the "hidden residual")."""
     value_mapping: str = 'current'
     """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)) or 'first'
     (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)."""
@@ -91,29 +90,37 @@ class GPTConfig:
         resolve_config(self)  # defaults, the named variant's flags, and a one-line ValueError for any bad setting
 
     def mixes(self, layer):
-        """What layer `layer` mixes in from the source layer: None, 'query', 'key', 'value', 'attention',
-        'output' (the value residual mapped by the source's own attention) or 'hidden'."""
-        if not self.value_residual or layer <= self.residual_source:
-            return None
-        return 'output' if self.residual_type == 'value' and self.value_mapping == 'first' else self.residual_type
+        """What the λ table mixes into 0-based layer `layer` from the source layer: None (nothing: vanilla, or a
+        layer up to the source), 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)."""
+        return self.residual_type if self.value_residual and layer > self.residual_source else None
 
-    def owns_value_proj(self, layer):
-        """SVFormer rule: a layer whose fixed weight on its own V_n is 0 needs no W_V (and caches no values)."""
-        svformer_layer = self.mixes(layer) == 'value' and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
-        return not svformer_layer and not self.shares_prev(layer, 'v')
+    def takes_v1(self, layer):
+        """ResFormer's rule (Eq. 2): this layer attends over λ1 V1 + λ2 V_n."""
+        return self.mixes(layer) == 'value' and self.value_mapping == 'current'
 
-    def has_value_embed(self, layer):
-        """nanochat's placement: alternating layers, counted from the last."""
-        return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
+    def is_svformer_layer(self, layer):
+        """SVFormer (Sec. 3): a ResFormer layer with a fixed weight 0 on its own V_n attends over V1 alone,
+        so it has no W_V and caches no values."""
+        return self.takes_v1(layer) and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
 
     def shares_prev(self, layer, what):
         """CLA pairs (0, 1), (2, 3), ...: the second layer of a pair reuses the first's K ('k') or V ('v')."""
         return layer % 2 == 1 and self.share_kv in (what, 'kv')
 
+    def has_value_embed(self, layer):
+        """nanochat's placement of value embeddings: alternating layers, counted from the last."""
+        return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
+
 
 # What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over every
 # cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly; out, U = attn·v before W_O.
 Heads = namedtuple('Heads', 'q k v attn out')
+
+
+def newest(t, T):
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones. In training
+    T_k = T, and a slice would still cost a zero-filled copy in the backward pass, so it is skipped."""
+    return t if t.size(2) == T else t[:, :, -T:]
 
 
 class CausalSelfAttention(nn.Module):
@@ -125,74 +132,61 @@ class CausalSelfAttention(nn.Module):
         kv_dim = self.n_kv_head * self.head_dim
         self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False) if config.owns_value_proj(layer) else None
+        self.svformer = config.is_svformer_layer(layer)
+        self.shares_v = config.shares_prev(layer, 'v')
+        self.c_v = None if self.svformer or self.shares_v else nn.Linear(config.n_embd, kv_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
         self.ve_gate = nn.Linear(min(12, config.n_embd), self.n_kv_head, bias=False) \
             if config.has_value_embed(layer) else None
-        self.shares_v = config.shares_prev(layer, 'v')
+        self.takes_v1 = config.takes_v1(layer)
+        self.dropout = config.dropout
+        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+        # Off the paper's path (general_attention, below): the Sec. 4.4 ablations, CLA / share-K/V, NeuTRENO and
+        # value embeddings. The attention-matrix residual needs A itself, in the source layer and every later one.
         self.mixes = config.mixes(layer)
-        # the attention-matrix residual needs A as a tensor, in the source layer and in every layer mixing it in
+        self.maps_first = self.mixes == 'value' and config.value_mapping == 'first'
         self.explicit_softmax = config.value_residual and config.residual_type == 'attention' \
             and layer >= config.residual_source
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
-        self.dropout = config.dropout
-        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+        self.general = self.mixes not in (None, 'value', 'hidden') or self.maps_first or self.explicit_softmax \
+            or self.c_k is None or self.shares_v or self.neutreno_lambda != 0 or self.ve_gate is not None
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats, value_embed=None):
-        """x (B, T, C) -> (output (B, T, C), this layer's Heads). lam: this layer's (λ1, λ2); source: the Heads of
-        the residual's source layer (V1's layer), None up to it; prev: the previous layer's Heads (for CLA);
-        value_embed: this layer's value embedding of the tokens (B, T, kv_dim), or None."""
+    def forward(self, x, rope, lam, v1, kv_cache):
+        """The paper's attention for one layer: x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's
+        (λ_{n,1}, λ_{n,2}); v1: layer 1's values (B, H_kv, T_k, hd), every cached position included (None in
+        layer 1 itself); kv_cache: a KVCache to continue from and write to, or None."""
         B, T, C = x.shape
-        q = apply_rope(self.c_q(x).view(B, T, self.n_head, self.head_dim), *rope).transpose(1, 2)
-        if self.mixes == 'query':
-            q = lam[0] * source.q + lam[1] * q  # Sec. 4.4 query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
-        if self.c_k is None:
-            k = prev.k  # CLA / share-K: the previous layer's keys
+        q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
+        k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
+        if kv_cache is not None:
+            k = kv_cache.store(kv_cache.k, self.k_slot, k)                 # keys of every position so far
+        if self.svformer:
+            # SVFormer (Sec. 3): U_n = A_n V1. With no values of its own the layer reads all of V1, cached
+            # positions included, while a ResFormer layer mixes V1's newest T rows into its new V_n only: its own
+            # cache already holds the mixed V'_n of all earlier positions.
+            v = lam[0] * v1
         else:
-            k = apply_rope(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), *rope).transpose(1, 2)
-            if self.mixes == 'key':
-                k = lam[0] * newest(source.k, T) + lam[1] * k  # Sec. 4.4 key residual, K'_n = λ1 K1 + λ2 K_n
+            v = self.heads(self.c_v, x)                                     # V_n = x W_V (values get no RoPE)
+            if self.takes_v1:
+                # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads (before any GQA
+                # repetition); V1 is not detached, so every later layer trains layer 1's W_V.
+                v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
-                k = kv_cache.store(kv_cache.k, self.k_slot, k)
-        if self.shares_v:
-            v = prev.v  # CLA / share-V: the previous layer's values
-        elif self.c_v is None:
-            # SVFormer (Sec. 3): U_n = A_n V1. Such a layer has no values of its own, so it reads the whole of V1,
-            # every cached position included. A ResFormer layer (below) instead mixes only V1's newest T rows into
-            # its new V_n, because its own cache already holds the mixed V'_n of all earlier positions.
-            v = lam[0] * source.v
-        else:
-            v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
-                gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
-                v = v + gate.unsqueeze(-1) * value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if self.mixes == 'value':
-                # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
-                # repetition; V1 is not detached, so every layer trains layer 1's W_V.
-                v = lam[0] * newest(source.v, T) + lam[1] * v
-            if kv_cache is not None:
-                v = kv_cache.store(kv_cache.v, self.v_slot, v)  # a ResFormer layer caches its mixed V'_n
-        dropout = self.dropout if self.training else 0.0
-        attn = None
-        if self.explicit_softmax or stats is not None:
-            attn = attention_probs(q, k)
-            if self.mixes == 'attention':
-                attn = lam[0] * source.attn + lam[1] * attn  # Sec. 4.4 attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
-            y = F.dropout(attn, dropout) @ v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        else:
-            y = attention(q, k, v, dropout)
-        if self.mixes == 'output':
-            y = lam[0] * source.out + lam[1] * y  # Sec. 4.4 mapping by layer 1's attention, λ1 A1 V1 + λ2 A_n V_n
-        if self.neutreno_lambda:
-            y = y + self.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
-        if stats is not None:
-            stats['attn'].append(attn)
-            stats['keys'].append(k)
-            stats['values'].append(v)
-        heads = Heads(q, k, v, attn, y)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return F.dropout(self.c_proj(y), self.dropout, self.training), heads
+                v = kv_cache.store(kv_cache.v, self.v_slot, v)             # a ResFormer layer caches V'_n
+        y = attention(q, k, v, self.dropout if self.training else 0.0)     # U_n = softmax(Q_n K_n^T / √d) V'_n
+        return self.project_out(y), Heads(q, k, v, None, y)
+
+    def heads(self, linear, x, rope=None):
+        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), RoPE applied if given."""
+        B, T, _ = x.shape
+        h = linear(x).view(B, T, -1, self.head_dim)
+        return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
+
+    def project_out(self, y):
+        """U (B, H, T, hd) -> its heads side by side through W_O, (B, T, C)."""
+        B, H, T, hd = y.shape
+        return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -204,8 +198,14 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats, value_embed=None):
-        y, heads = self.attn(self.norm_attn(x), rope, lam, source, prev, kv_cache, stats, value_embed)
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats=None, value_embed=None):
+        """source: the Heads of the residual's source layer (layer 1's: V1), None up to it; prev: the previous
+        layer's (for CLA); stats and value_embed: see GPT.forward."""
+        if self.attn.general or stats is not None:  # ablations, baselines, value embeddings, analysis
+            y, heads = general_attention(self.attn, self.norm_attn(x), rope, lam, source, prev, kv_cache, stats,
+                                         value_embed)
+        else:
+            y, heads = self.attn(self.norm_attn(x), rope, lam, None if source is None else source.v, kv_cache)
         x = x + y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -235,7 +235,7 @@ class GPT(nn.Module):
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_vn = nn.Parameter(later[:, 1].clone())
-        # DenseFormer: block i's output is replaced by Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1}; α starts at identity
+        # DenseFormer: block i's output becomes Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1}; α starts at identity
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float()) for i in range(L)) \
             if config.denseformer else None
         kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
@@ -252,9 +252,9 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
         self.apply(self._init_weights)
-        for block in self.blocks:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
-            if block.attn.ve_gate is not None:
-                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
+        for attn in attns:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
+            if attn.ve_gate is not None:
+                nn.init.uniform_(attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -262,7 +262,8 @@ class GPT(nn.Module):
 
     @property
     def lambdas(self):
-        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; rows up to the source are (0, 1)."""
+        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; rows up to the source
+        are (0, 1)."""
         if self.config.lambda_mode == 'fixed':
             later = self.lambdas_fixed
         elif self.config.lambda_mode == 'learnable':
@@ -283,27 +284,29 @@ class GPT(nn.Module):
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
         if pos + T > limit:
-            raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; use at most {limit - pos} tokens")
+            raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; "
+                             f"use at most {limit - pos} tokens")
         if stats is not None:
             stats.update(attn=[], keys=[], values=[], hidden=[])
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
         lambdas = self.lambdas  # computed once per forward: learnable λ are a softmax or a stack
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
-        block_outputs = [x]
-        s = self.config.residual_source
+        s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
         source = prev = None
+        block_outputs, h_source = [x], None
         for i, block in enumerate(self.blocks):
             if i == s:
-                h_source = x  # H_s, the input of the source block (H0 = the embedding)
+                h_source = x  # Sec. 4.4 hidden residual: H_s, the source block's input (H0 = the embedding)
             elif self.config.mixes(i) == 'hidden':
-                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # Sec. 4.4 hidden residual: x_n <- λ1 H_s + λ2 x_n
+                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # x_n <- λ1 H_s + λ2 x_n
             value_embed = self.value_embeds[str(i)](idx) if block.attn.ve_gate is not None else None
-            x, prev = block(x, rope, lambdas[i], source, prev, kv_cache, stats, value_embed)
+            x, heads = block(x, rope, lambdas[i], source, prev, kv_cache, stats, value_embed)
             if i == s:
-                source = prev  # V1 (and Q1, K1, A1, U1), all cached positions included, for every later layer
-            if self.dwa is not None:
+                source = heads  # V1 (with Q1, K1, A1, U1): layer 1's, every cached position included
+            prev = heads
+            if self.dwa is not None:  # DenseFormer: the depth-weighted average of everything so far
                 block_outputs.append(x)
-                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))  # DenseFormer depth-weighted average
+                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))
             if stats is not None:
                 stats['hidden'].append(x)
         if kv_cache is not None:
@@ -394,6 +397,60 @@ class GPT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual and
+# DenseFormer act between blocks, in GPT.forward.)
+
+def general_attention(attn, x, rope, lam, source, prev, kv_cache, stats, value_embed):
+    """CausalSelfAttention.forward with every ablation and baseline: the query / key / attention-matrix residuals
+    and the mapping by layer 1's attention (Sec. 4.4), CLA and share-K/V, NeuTRENO, value embeddings, and the
+    per-layer statistics analyze.py reads. It repeats the paper's path so that path reads alone above; with none of
+    these flags it computes exactly the same (test_model checks it)."""
+    B, T, C = x.shape
+    q = attn.heads(attn.c_q, x, rope)
+    if attn.mixes == 'query':
+        q = lam[0] * source.q + lam[1] * q  # query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
+    if attn.c_k is None:
+        k = prev.k  # CLA / share-K: the previous layer's keys
+    else:
+        k = attn.heads(attn.c_k, x, rope)
+        if attn.mixes == 'key':
+            k = lam[0] * newest(source.k, T) + lam[1] * k  # key residual, K'_n = λ1 K1 + λ2 K_n
+        if kv_cache is not None:
+            k = kv_cache.store(kv_cache.k, attn.k_slot, k)
+    if attn.shares_v:
+        v = prev.v  # CLA / share-V: the previous layer's values
+    elif attn.svformer:
+        v = lam[0] * source.v
+    else:
+        v = attn.heads(attn.c_v, x)
+        if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
+            gate = 3 * torch.sigmoid(attn.ve_gate(x[..., :attn.ve_gate.in_features])).transpose(1, 2)
+            v = v + gate.unsqueeze(-1) * value_embed.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        if attn.takes_v1:
+            v = lam[0] * newest(source.v, T) + lam[1] * v
+        if kv_cache is not None:
+            v = kv_cache.store(kv_cache.v, attn.v_slot, v)
+    dropout = attn.dropout if attn.training else 0.0
+    probs = None
+    if attn.explicit_softmax or stats is not None:
+        probs = attention_probs(q, k)
+        if attn.mixes == 'attention':
+            probs = lam[0] * source.attn + lam[1] * probs  # attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
+        y = F.dropout(probs, dropout) @ v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+    else:
+        y = attention(q, k, v, dropout)
+    if attn.maps_first:
+        y = lam[0] * source.out + lam[1] * y  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
+    if attn.neutreno_lambda:
+        y = y + attn.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
+    if stats is not None:
+        stats['attn'].append(probs)
+        stats['keys'].append(k)
+        stats['values'].append(v)
+    return attn.project_out(y), Heads(q, k, v, probs, y)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Building blocks: the MLP, RoPE and the two ways to compute attention.
 
 class MLP(nn.Module):
@@ -421,12 +478,6 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D). In training T_k = T, and a slice would still cost a
-    zero-filled copy in the backward pass, so it is skipped."""
-    return t if t.size(2) == T else t[:, :, -T:]
 
 
 def attention(q, k, v, dropout_p):
