@@ -4,7 +4,7 @@ run one after another (or one per GPU when several are visible), skipped once fi
 interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is installed).
 
     python reproduce.py variants                  # run what is missing, then write results/variants/
-    python reproduce.py all                       # every suite, in the order below
+    python reproduce.py all                       # every suite: variants, depth, value_embed, scaling, lr, kv
     python reproduce.py scaling --report_only     # tables from the runs finished so far
     python reproduce.py lr --dry_run              # list the runs and whether each is done
     python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
@@ -161,6 +161,16 @@ def end_with_parent():
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: children end with reproduce.py's own SIGTERM/Ctrl-C handling only
+
+
+def stop(signum, frame):
+    """reproduce.py's SIGTERM handler (a scheduler's preemption): pass it on to the runs, which save a checkpoint and
+    stop, and start no other run."""
+    stopping.set()
+    for child in list(children):
+        child.send_signal(signal.SIGTERM)
+    print(f"reproduce.py: stopping on signal {signum}; the runs save a checkpoint and resume on the next call",
+          file=sys.stderr, flush=True)
 
 
 def train(command, env, stdout):
@@ -527,10 +537,26 @@ def grad_rows(groups):
                     lambda k: k.endswith('attn.c_proj.weight')):
             ours, theirs = norms(group, key), norms(base, key)
             ratios.append(f'{ours:.3f} / {theirs:.3f} = {ours / theirs:.2f}×' if ours and theirs else '–')
+        for column, quarter in ((1, 'first'), (1, 'last'), (2, 'first'), (2, 'last')):
+            ours, theirs = quarter_norm(group, column, quarter), quarter_norm(base, column, quarter)
+            ratios.append(f'{ours / theirs:.2f}×' if ours and theirs else '–')
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
-    return ['', "Gradient norms before clipping, averaged over every logged step and seed: ResFormer / Transformer "
+    return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and over every "
+            "logged step (every log_interval steps), then over the first and the last quarter of those steps alone "
             "(the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
-            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers |", '|---|---|---|---|'] + rows
+            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | W_V, last quarter | "
+            "W_O, first quarter | W_O, last quarter |", '|---|---|---|---|---|---|---|---|'] + rows
+
+
+def quarter_norm(group, column, quarter):
+    """Mean gradient norm of layer 1's W_V (column 1) or W_O (column 2) over the first or last quarter of the logged
+    steps, over the group's runs; None for summaries that did not record them."""
+    values = []
+    for run in group['runs']:
+        series = run.get('layer1_grad_norms') or []
+        part = series[:len(series) // 4] if quarter == 'first' else series[-(len(series) // 4):] if series else []
+        values += [row[column] for row in part if row[column] is not None]
+    return sum(values) / len(values) if values else None
 
 
 def kv_rows(groups):
@@ -556,6 +582,8 @@ def plot(suite, groups, out_dir):
     except ImportError:
         return []
     done = {label: g for label, g in groups.items() if g['runs']}
+    if not done:
+        return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, group in done.items():
         curve = mean_curve([r['curve'] for r in group['runs']])
@@ -566,6 +594,8 @@ def plot(suite, groups, out_dir):
     fig.savefig(out_dir / 'curves.png', dpi=120)
     plt.close(fig)
     names = ['curves.png']
+    if suite in ('variants', 'depth', 'value_embed'):
+        names.append(plot_deltas(suite, groups, out_dir, plt))
     if suite in ('scaling', 'lr', 'kv'):
         fig, ax = plt.subplots(figsize=(6, 4))
         series = {}
@@ -599,14 +629,41 @@ def provenance(suite, scale, seeds, results_dir):
         path = results_dir / 'runs' / f'{name}.json'
         state = summary_state(path, settings)
         if state in ('done', 'stale'):
-            made_by = json.loads(path.read_text()).get('commit', 'an older commit (not recorded)')
+            made_by = json.loads(path.read_text()).get('commit', '5fd92a7 or older (not recorded then)')
             commits[made_by] = commits.get(made_by, 0) + 1
             stale += state == 'stale'
-    line = 'Runs trained by ' + (', '.join(f'{c} ({n})' for c, n in commits.items()) or 'none yet') + '.'
+    line = 'Runs trained by commit ' + (', '.join(f'{c} ({n} runs)' for c, n in commits.items()) or 'none yet') + '.'
     if stale:
         line += (f" **{stale} of them were made by code that trains differently from this commit's** (their probe "
                  f"losses differ): `python reproduce.py {suite} --retrain` retrains them.")
     return line
+
+
+def plot_deltas(suite, groups, out_dir, plt):
+    """deltas.png: each group's validation loss minus the same-seed Transformer's over training, mean and the band of
+    ± one standard deviation over seeds. Below zero, the variant is ahead at that step."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, group in groups.items():
+        base = groups[group['baseline']]
+        pairs = [(run, base['runs'][base['seeds'].index(seed)]) for run, seed in zip(group['runs'], group['seeds'])
+                 if seed in base['seeds']]
+        if label == group['baseline'] or not pairs:
+            continue
+        curves = [[[s, loss - dict(map(tuple, b['curve']))[s]] for s, loss in r['curve'] if s in dict(map(tuple, b['curve']))]
+                  for r, b in pairs]
+        steps = [s for s, _ in mean_curve(curves)][1:]  # from the first evaluation after step 0
+        stats = [mean_std([dict(map(tuple, c))[s] for c in curves]) for s in steps]
+        line, = ax.plot(steps, [m for m, _ in stats], label=label, lw=1.2)
+        ax.fill_between(steps, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=line.get_color(),
+                        alpha=0.15)
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xlabel='step', ylabel="validation loss − Transformer's (same seed)",
+           title=f'{suite}: each variant against the Transformer (mean ± std over seeds)')
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out_dir / 'deltas.png', dpi=120)
+    plt.close(fig)
+    return 'deltas.png'
 
 
 def write_report(suite, scale, seeds, results_dir):
@@ -621,7 +678,7 @@ def write_report(suite, scale, seeds, results_dir):
              "settings; 'minutes' is wall time summed over the group's runs.", '', provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
-    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
+    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
     return out_dir / 'README.md'
@@ -630,17 +687,24 @@ def write_report(suite, scale, seeds, results_dir):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('suite', help=f"all, or one of: {', '.join(SUITES)}")
-    parser.add_argument('--scale', default='cpu', choices=list(SCALES))
-    parser.add_argument('--seeds', type=int, default=3, help='seeds per group (1337, 1338, ...)')
-    parser.add_argument('--runs_dir', default='out/reproduce', help='where runs train (checkpoints; not committed)')
-    parser.add_argument('--results_dir', default='results', help='run summaries and suite reports (committed)')
-    parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(), help='runs in parallel, one per GPU')
-    parser.add_argument('--jobs', type=int, default=1, help='runs in parallel on a CPU, sharing its cores')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
+    parser.add_argument('--scale', default='cpu', choices=list(SCALES),
+                        help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the paper's 82M "
+                             "shape (default: %(default)s)")
+    parser.add_argument('--seeds', type=int, default=3, help='seeds per group: 1337, 1338, ... (default: %(default)s)')
+    parser.add_argument('--runs_dir', default='out/reproduce',
+                        help='where runs train: checkpoints and logs, not committed (default: %(default)s)')
+    parser.add_argument('--results_dir', default='results',
+                        help='run summaries and suite reports, committed (default: %(default)s)')
+    parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(),
+                        help='runs in parallel, one per GPU (default: the GPUs visible, %(default)s)')
+    parser.add_argument('--jobs', type=int, default=1,
+                        help="runs in parallel on a CPU, sharing its cores; OMP_NUM_THREADS, if set, is each run's "
+                             "thread count (default: %(default)s)")
     parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
-    parser.add_argument('--dry_run', action='store_true', help='list the runs and whether each is done')
+    parser.add_argument('--dry_run', action='store_true',
+                        help='list the runs and the state of each: todo, done, stale or unreadable')
     parser.add_argument('--retrain', action='store_true',
                         help='also retrain runs whose summary was made by code that trains differently (stale)')
     parser.add_argument('--check', metavar='NAME', default=None,
@@ -660,12 +724,6 @@ def main(argv=None):
         if path.exists() and not path.is_dir():
             raise SystemExit(f"reproduce.py: --{name}={path} is a file, not a folder; pick another --{name}")
 
-    def stop(signum, frame):  # SIGTERM (a scheduler's preemption): the children save, then we stop
-        stopping.set()
-        for child in list(children):
-            child.send_signal(signal.SIGTERM)
-        print(f"reproduce.py: stopping on signal {signum}; running runs save a checkpoint and resume on the next call",
-              file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, stop)
     if args.check:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', str(os.cpu_count() or 1)))

@@ -1,14 +1,18 @@
 """reproduce.py without training: its statistics and reports on synthetic runs, and the runner's skip/resume logic."""
 import json
 import math
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import reproduce
-from reproduce import crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
+from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 
 
 @pytest.fixture(autouse=True)
@@ -142,3 +146,114 @@ def test_run_names_identify_settings():
     assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3  # depth: 7 new groups; value_embed: 2 x 3 new
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
+
+
+def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tmp_path, monkeypatch, capsys):
+    """A summary whose probe differs from today's code's (or that has none) is stale: reported, kept, and retrained
+    only with retrain=True. A truncated summary is unreadable and retrained anyway. A run folder started by other
+    code is trained afresh, not resumed."""
+    trained = []
+
+    def fake_train(command, env, stdout):
+        out_dir = Path(next(a for a in command if a.startswith('--out_dir=')).split('=', 1)[1])
+        trained.append((out_dir.name, '--init_from=resume' in command))
+        (out_dir / 'log.jsonl').write_text(json.dumps({'step': 600, 'val_loss': 2.0}) + '\n')
+        torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
+        return 0
+    monkeypatch.setattr(reproduce, 'train', fake_train)
+    runs = reproduce.suite_runs('variants', 'cpu', [1337])[:4]
+    results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
+    (results / 'runs').mkdir(parents=True)
+    names = [name for _, name, _ in runs]
+    good = summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)
+    for name, content in zip(names, [good, good | {'probe': [4.0, 3.9, 3.8, 3.6]}, {k: v for k, v in good.items() if k != 'probe'}]):
+        (results / 'runs' / f'{name}.json').write_text(json.dumps(content))
+    (results / 'runs' / f'{names[3]}.json').write_text(json.dumps(good)[:40])  # cut short
+    (runs_dir / names[3]).mkdir(parents=True)
+    (runs_dir / names[3] / 'ckpt.pt').write_bytes(b'from other code')
+    (runs_dir / names[3] / 'probe.json').write_text('[9.0, 9.0, 9.0, 9.0]')
+    states = [reproduce.summary_state(results / 'runs' / f'{n}.json', s) for _, n, s in runs]
+    assert states == ['done', 'stale', 'stale', 'unreadable']
+
+    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
+    assert trained == [(names[3], False)]  # the unreadable one only, from scratch: its checkpoint was other code's
+    assert '3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)' in capsys.readouterr().out
+    assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept
+    report = reproduce.write_report('variants', 'cpu', [1337], results).read_text()
+    assert '**2 of them were made by code that trains differently' in report
+    trained.clear()
+    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1, retrain=True) == {}
+    assert sorted(trained) == sorted([(names[1], False), (names[2], False)])
+    summaries = [json.loads((results / 'runs' / f'{n}.json').read_text()) for n in names[1:3]]
+    assert all(s['probe'] == [4.0, 3.9, 3.8, 3.7] and s['commit'] for s in summaries)
+
+
+def test_a_run_another_process_trains_is_skipped(tmp_path, monkeypatch):
+    """reproduce.py locks each run it trains: a second reproduce.py (say `variants` beside `kv`, which share runs)
+    skips it instead of starting a second writer on the same folder."""
+    monkeypatch.setattr(reproduce, 'train', lambda *a: pytest.fail('trained a run another process holds'))
+    runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
+    (tmp_path / 'runs').mkdir()
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); '
+                               'fcntl.flock(f, fcntl.LOCK_EX); print("locked", flush=True); time.sleep(60)',
+                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        failures = reproduce.run_suite(runs, tmp_path / 'runs', tmp_path / 'results', gpus=0, jobs=1)
+        assert failures == {runs[0][1]: 'skipped: another reproduce.py is training it'}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGKILL])
+def test_children_end_with_reproduce(tmp_path, signum):
+    """SIGTERM to reproduce.py passes on to its train.py (which saves and stops); SIGKILL of reproduce.py reaches
+    it too (Linux's parent-death signal). Either way no trainer is left running on the run's folder."""
+    (tmp_path / 'child.py').write_text(f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+                                       "time.sleep(120)\n")
+    script = tmp_path / 'driver.py'
+    script.write_text(f"""import signal, sys
+sys.path.insert(0, {str(REPO)!r})
+import reproduce
+reproduce.probe = lambda settings: [1.0]
+reproduce.train_command = lambda settings, out_dir, resume: [sys.executable, {str(tmp_path / 'child.py')!r}]
+signal.signal(signal.SIGTERM, reproduce.stop)  # as main() does
+runs = reproduce.suite_runs('variants', 'cpu', [1337])[:2]
+print(reproduce.run_suite(runs, reproduce.Path({str(tmp_path / 'runs')!r}), reproduce.Path({str(tmp_path / 'results')!r}),
+                          0, 1), flush=True)
+""")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / 'child.pid'
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and driver.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    driver.send_signal(signum)
+    out, _ = driver.communicate(timeout=60)
+    for _ in range(100):  # the child ends within seconds
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail('train.py outlived reproduce.py')
+    if signum == signal.SIGTERM:  # and the second run never started
+        assert "'not started: reproduce.py was stopped'" in out
+
+
+def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
+    """A --results_dir that is a file stops at once; one outside the repository works (the report path is printed
+    whole)."""
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(['variants', f'--results_dir={tmp_path / "file"}', '--report_only'])
+    assert str(stop.value) == f"reproduce.py: --results_dir={tmp_path / 'file'} is a file, not a folder; pick another --results_dir"
+    reproduce.main(['kv', f'--results_dir={tmp_path / "elsewhere"}', '--report_only', '--seeds=1'])
+    assert f"wrote {tmp_path / 'elsewhere' / 'kv' / 'README.md'}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(['bogus'])
+    assert 'unknown suite' in str(stop.value)
