@@ -683,7 +683,8 @@ def check_flags(cfg, need):
         need(cfg.n_kv_head == cfg.n_head,
              "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
     if cfg.value_embeds:
-        lacking = [n + 1 for n in range(cfg.n_layer) if cfg.has_value_embed(n) and not cfg.owns_value_proj(n)]
+        lacking = [n + 1 for n in range(cfg.n_layer)
+                   if cfg.has_value_embed(n) and (cfg.is_svformer_layer(n) or cfg.shares_prev(n, 'v'))]
         need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have none "
                           f"(SVFormer or share_kv); drop value_embeds or pick another variant")
     if not cfg.value_residual:
