@@ -164,7 +164,7 @@ class CausalSelfAttention(nn.Module):
         """The paper's attention for one layer: x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's
         (λ_{n,1}, λ_{n,2}); v1: layer 1's values (B, H_kv, T_k, hd), every cached position included (None in
         layer 1 itself); kv_cache: a KVCache to continue from and write to, or None."""
-        B, T, C = x.shape
+        T = x.size(1)
         q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
         k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
         if kv_cache is not None:

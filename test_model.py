@@ -651,6 +651,24 @@ def test_configure_optimizers_decay_groups(kw):
 
 # -------------------------------------------------------------------------------------- analysis stats
 
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa', 'resformer_learnable_plus'])
+def test_general_attention_computes_the_paper_path_exactly(case):
+    """general_attention repeats CausalSelfAttention.forward with the ablations added: with none of them set it
+    gives the same logits, bit for bit, in a full forward and when decoding with the KV cache."""
+    model = tiny_model(**ALL_CASES[case])
+    idx = random_tokens(model)
+    paper = logits_of(model, idx)
+    cache = model.new_kv_cache(16)
+    paper_cached = torch.cat([logits_of(model, idx[:, :5], kv_cache=cache), logits_of(model, idx[:, 5:], kv_cache=cache)], 1)
+    for block in model.blocks:
+        assert not block.attn.general
+        block.attn.general = True
+    cache = model.new_kv_cache(16)
+    assert torch.equal(logits_of(model, idx), paper)
+    assert torch.equal(torch.cat([logits_of(model, idx[:, :5], kv_cache=cache),
+                                  logits_of(model, idx[:, 5:], kv_cache=cache)], 1), paper_cached)
+
+
 @pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer'])
 def test_stats_path_same_logits_and_fills_stats(case):
     """forward(stats={}) takes the explicit-softmax path: same logits, and it records per-layer causal
