@@ -666,6 +666,22 @@ def plot_deltas(suite, groups, out_dir, plt):
     return 'deltas.png'
 
 
+ANALYSED = ('variants', 'depth')  # suites whose checkpoints get the attention analysis once all are trained
+
+
+def analyse(suite, scale, seeds, runs_dir, out_dir):
+    """analyze.py on every checkpoint of the suite (seeds averaged), at the validation documents' starts, into
+    <out_dir>/analysis/; only once every run of the suite has its checkpoint here, and never twice."""
+    dirs = [runs_dir / name for _, name, _ in suite_runs(suite, scale, seeds)]
+    if (out_dir / 'analysis' / 'metrics.json').exists() or not all((d / 'ckpt.pt').exists() for d in dirs):
+        return
+    command = [sys.executable, str(REPO / 'analyze.py'), *map(str, dict.fromkeys(dirs)),
+               f"--seq_len={SCALES[scale]['block_size']}", '--num_seqs=4', f"--out={out_dir / 'analysis'}"]
+    print(f"attention analysis of {len(dirs)} checkpoints into {out_dir / 'analysis'}", flush=True)
+    if subprocess.run(command, cwd=REPO).returncode != 0:
+        print("reproduce.py: the attention analysis failed (see above); the tables are written", file=sys.stderr)
+
+
 def write_report(suite, scale, seeds, results_dir):
     groups = load_groups(suite, scale, seeds, results_dir)
     out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
@@ -743,6 +759,8 @@ def main(argv=None):
             raise SystemExit(143)
         report = write_report(suite, args.scale, seeds, results_dir)
         print(f"wrote {report.relative_to(REPO) if report.is_relative_to(REPO) else report}")
+        if suite in ANALYSED and not args.report_only:
+            analyse(suite, args.scale, seeds, runs_dir, report.parent)
     if failures:
         raise SystemExit(f"reproduce.py: {len(failures)} run(s) failed, see <runs_dir>/<name>/train.out: "
                          + '; '.join(f'{n}: {e}' for n, e in failures.items()))

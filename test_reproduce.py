@@ -257,3 +257,26 @@ def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         reproduce.main(['bogus'])
     assert 'unknown suite' in str(stop.value)
+
+
+def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypatch):
+    """analyze.py runs on the suite's checkpoints (document starts, the suite's sequence length) only when all of
+    them are there, and not again once its metrics are written."""
+    calls = []
+    monkeypatch.setattr(reproduce.subprocess, 'run', lambda command, cwd: calls.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    runs = reproduce.suite_runs('depth', 'cpu', [1337])
+    for _, name, _ in runs[:-1]:
+        (tmp_path / 'runs' / name).mkdir(parents=True)
+        (tmp_path / 'runs' / name / 'ckpt.pt').write_bytes(b'x')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert calls == []  # one run still training
+    (tmp_path / 'runs' / runs[-1][1]).mkdir()
+    (tmp_path / 'runs' / runs[-1][1] / 'ckpt.pt').write_bytes(b'x')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert len(calls) == 1 and calls[0][-3:] == ['--seq_len=128', '--num_seqs=4', f"--out={tmp_path / 'depth' / 'analysis'}"]
+    assert len(calls[0]) == 2 + len(runs) + 3
+    (tmp_path / 'depth' / 'analysis').mkdir(parents=True)
+    (tmp_path / 'depth' / 'analysis' / 'metrics.json').write_text('{}')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert len(calls) == 1
