@@ -38,7 +38,10 @@ Choices made here, and why:
 - Replacing a prepared folder: the input is read and checked before anything is written, and the new
   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared.
+  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
+  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, ...) are replaced; other
+  files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
+  out_dir, and a second run on that folder is refused until the first ends (or dies).
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
   files and max_token; every file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
   caught), and the largest token id, recorded at prepare time, must be below vocab_size. The
@@ -51,6 +54,8 @@ Other scripts use load_meta, open_split, load_tokenizer and prepare_command from
 import argparse
 import concurrent.futures
 import contextlib
+import errno
+import fcntl
 import fnmatch
 import glob
 import hashlib
@@ -58,6 +63,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -315,7 +321,7 @@ def read_text(path):
 def text_documents(path, text_field):
     """A user's corpus: one .txt file, a folder of .txt files (one document each), or a .jsonl."""
     if os.path.isdir(path):
-        paths = sorted(glob.glob(os.path.join(path, "*.txt")))
+        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))  # no pipes: they block
         if not paths:
             raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or a .jsonl")
         return [(os.path.basename(p), read_text(p)) for p in paths]
@@ -373,12 +379,73 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
 
 
 PARTIAL = ".partial"
+OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this script writes, and no others
+
+
+@contextlib.contextmanager
+def claimed(out_dir):
+    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it (the
+    OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it too.
+    The lock file goes when the run ends; the folders made here go too if it fails."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    lock_path, made = os.path.join(parent, f".{name}.lock"), []
+    try:
+        make_folders(parent, made)
+        fd = lock(lock_path, out_dir)
+    except BaseException as e:
+        remove_folders(made)
+        if isinstance(e, OSError):
+            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
+        raise
+    try:
+        yield
+        made = []  # the run went well: its folders stay
+    finally:  # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock_path)
+        os.close(fd)
+        remove_folders(made)
+
+
+def make_folders(path, made):
+    """Make path and its missing parents, appending each folder made to `made`."""
+    if os.path.exists(path):
+        return
+    make_folders(os.path.dirname(path), made)
+    try:
+        os.mkdir(path)
+        made.append(path)
+    except FileExistsError:  # made meanwhile by another run: not ours to remove
+        pass
+
+
+def remove_folders(made):
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):  # not empty: another run is using it
+            os.rmdir(folder)
+
+
+def lock(path, out_dir):
+    """A descriptor holding an exclusive lock on path (made if missing); SystemExit if another run holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); wait for it "
+                             f"to finish, or pass another --out_dir") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        os.close(fd)  # the run that held it has removed it: lock the one there now
 
 
 @contextlib.contextmanager
 def partial_dir(out_dir):
-    """A fresh out_dir/.partial/ to write the new files into. If writing fails it is removed, and so is
-    out_dir when this made it; the data out_dir held is never touched here."""
+    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
+    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
+    never touched here."""
     made = not os.path.exists(out_dir)
     partial = os.path.join(out_dir, PARTIAL)
     try:
@@ -386,16 +453,17 @@ def partial_dir(out_dir):
         shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
         os.mkdir(partial)
     except OSError as e:
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
     try:
         yield partial
     except BaseException as e:
-        shutil.rmtree(partial, ignore_errors=True)
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
+        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
         if isinstance(e, OSError):  # a full disk, say
-            raise SystemExit(f"prepare.py: cannot write {e.filename} ({e.strerror}); "
-                             f"free space or pass another --out_dir") from None
+            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
+            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
+                             f"{fix} or pass another --out_dir") from None
         raise
 
 
@@ -406,20 +474,28 @@ def replace_outputs(partial, out_dir):
     if os.path.exists(old_meta):
         os.remove(old_meta)
     for name in os.listdir(out_dir):
-        if fnmatch.fnmatch(name, "train*.bin") or fnmatch.fnmatch(name, "val*.bin"):  # the new run may have fewer shards
+        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
             os.remove(os.path.join(out_dir, name))
     for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
         os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
     os.rmdir(partial)
 
 
+def write_file(path, data, mode="wb"):
+    """Write bytes to path; a failure (a full disk, say) names the path, which Python's write errors do not."""
+    try:
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+
+
 def write_tokens(path, ids):
-    np.asarray(ids, dtype=np.uint16).tofile(path)
+    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
 
 
 def write_meta(out_dir, meta):
-    with open(os.path.join(out_dir, "meta.json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1)
+    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
 def already_prepared(out_dir, settings):
@@ -690,6 +766,8 @@ def parse_args(argv=None):
                      "or pass local SlimPajama .jsonl files with --input=PATH")
     if args.input is not None and not os.path.exists(args.input):
         parser.error(f"--input={args.input} does not exist")
+    if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
+        parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
     if args.out_dir is None:
         if args.input is not None:
             stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
@@ -727,21 +805,21 @@ def main(argv=None):
         documents = nonempty_documents(documents, source)
         fingerprint = documents_fingerprint(documents)
     settings = settings_of(args, fingerprint)
-    meta = already_prepared(args.out_dir, settings)
-    if meta is not None:
-        print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
-              f"tokens); delete its meta.json to prepare it again")
-        return
-
-    t0 = time.time()
-    with partial_dir(args.out_dir) as partial:
-        if args.dataset == "slimpajama":
-            meta = prepare_slimpajama(args, partial)
-        else:
-            meta = prepare_documents(documents, args, source, license_text, partial)
-        meta["settings"] = settings
-        write_meta(partial, meta)
-        replace_outputs(partial, args.out_dir)
+    with claimed(args.out_dir):
+        meta = already_prepared(args.out_dir, settings)
+        if meta is not None:
+            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
+                  f"tokens); delete its meta.json to prepare it again")
+            return
+        t0 = time.time()
+        with partial_dir(args.out_dir) as partial:
+            if args.dataset == "slimpajama":
+                meta = prepare_slimpajama(args, partial)
+            else:
+                meta = prepare_documents(documents, args, source, license_text, partial)
+            meta["settings"] = settings
+            write_meta(partial, meta)
+            replace_outputs(partial, args.out_dir)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and {meta['val_documents']:,} val documents, "
           f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tarfile
@@ -407,6 +408,85 @@ def test_a_rerun_with_fewer_shards_leaves_no_old_ones(prepared):
     (tmp_path / "corpus.txt").write_text("new text\n" * 50)
     run_prepare("--input=corpus.txt", cwd=tmp_path)
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_rerun_keeps_other_files(prepared):
+    tmp_path, out, _ = prepared
+    theirs = {"valuable.bin": b"mine", "training_raw.bin": b"raw", "train_copy.bin": b"copy", "notes.txt": b"n"}
+    for name, content in theirs.items():
+        (out / name).write_bytes(content)
+    (tmp_path / "corpus.txt").write_text("new text\n" * 50)
+    run_prepare("--input=corpus.txt", cwd=tmp_path)
+    assert sorted(os.listdir(out)) == sorted(["meta.json", "train.bin", "val.bin", *theirs])
+    assert all((out / name).read_bytes() == content for name, content in theirs.items())
+
+
+def start_prepare(*args, cwd):
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "prepare.py"), "--num_proc=1", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def holding_the_lock(run, lock_path):
+    """Stop `run` (SIGSTOP) as soon as it holds lock_path; it reads its input first, then takes the lock."""
+    while not os.path.exists(lock_path):
+        assert run.poll() is None, run.communicate()
+    run.send_signal(signal.SIGSTOP)
+    return run
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
+    (tmp_path / "big.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(100_000)))
+    (tmp_path / "other.txt").write_text("other text\n" * 50)
+    first = holding_the_lock(start_prepare("--input=big.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    second = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), "--input=other.txt", "--out_dir=pp"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait() == 0, first.communicate()
+    assert second.stderr == f"prepare.py: another prepare.py is writing pp (it holds {tmp_path}/.pp.lock); wait for " \
+                            f"it to finish, or pass another --out_dir\n" and second.returncode == 1
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]  # no lock file left
+
+    # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
+    before = snapshot(tmp_path / "pp")
+    killed = holding_the_lock(start_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    killed.kill()
+    killed.wait()
+    assert snapshot(tmp_path / "pp") == before
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
+    assert sorted(os.listdir(tmp_path / "pp")) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]
+
+
+def test_pipes_are_not_read(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("".join(f"line {i}\n" for i in range(100)))
+    os.mkfifo(corpus / "d.txt")
+    run_prepare(f"--input={corpus}", "--out_dir=out", cwd=tmp_path)
+    assert prepare.load_meta(str(tmp_path / "out"))["train_works"] == ["a.txt[:710]"]
+    result = run_prepare(f"--input={corpus / 'd.txt'}", "--out_dir=fifo", cwd=tmp_path, check=False)
+    one_line_error(result, "d.txt is not a file or a folder")
+    assert not os.path.exists(tmp_path / "fifo")
+
+
+def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch):
+    tmp_path, out, before = prepared
+
+    def full_disk(path, mode="r", **kwargs):  # .bin files go to /dev/full, which refuses every write: ENOSPC
+        return open("/dev/full" if path.endswith(".bin") else path, mode, **kwargs)
+
+    monkeypatch.setattr(prepare, "open", full_disk, raising=False)  # prepare.py's open, not the builtin
+    (tmp_path / "corpus.txt").write_text("other text\n" * 30)
+    for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
+        with pytest.raises(SystemExit) as error:
+            prepare.main([f"--input={tmp_path / 'corpus.txt'}", f"--out_dir={out_dir}", "--num_proc=1"])
+        assert error.value.code == (f"prepare.py: cannot write {out_dir}/.partial/train.bin (No space left on device); "
+                                    f"free space or pass another --out_dir")
+    assert snapshot(out) == before  # the prepared folder as it was, no .partial
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "data"]  # no new/deeper/, no lock file
+    assert sorted(os.listdir(tmp_path / "data")) == ["corpus_char"]
 
 
 def test_few_uneven_files_are_split_by_token_share(tmp_path):
