@@ -110,7 +110,7 @@ SLIMPAJAMA_WEIGHTS = {
     "RedPajamaWikipedia": 0.05,
     "RedPajamaStackExchange": 0.05,
 }
-SLIMPAJAMA_BATCH = 1024  # documents handed to the tokenizer threads at a time
+SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
 
 # -----------------------------------------------------------------------------
 # tokenizers
