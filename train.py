@@ -50,7 +50,8 @@ log_grad_norms = False  # also log every parameter's gradient norm (before clipp
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
 gradient_accumulation_steps = 1  # the global batch per optimizer step is gradient_accumulation_steps x batch_size
-batch_size = 16  # sequences, whatever the number of ranks; also the most sequences one forward pass takes
+batch_size = 16  # sequences, whatever the number of ranks
+micro_batch_size = None  # most sequences one forward pass takes; None = batch_size. Lower it to fit memory: the step is unchanged
 block_size = 128
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # a name from model.VARIANTS, or 'custom' to set the flags below yourself
@@ -240,7 +241,7 @@ def duration(seconds):
 
 # -----------------------------------------------------------------------------
 # the type of each setting whose default is None, which configure cannot read off the default
-none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool}
+none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool, 'micro_batch_size': int}
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], types=none_default_types,
                            script=__file__, verbose=os.environ.get('RANK', '0') == '0'))
 config = {k: globals()[k] for k in config_keys}  # what this run used, for the log and the checkpoint
@@ -251,6 +252,7 @@ for ok, problem in [
     (init_from in ('scratch', 'resume'), f"init_from={init_from!r}; use 'scratch' or 'resume'"),
     (not (overwrite and init_from == 'resume'), "overwrite=True starts over and init_from='resume' continues; pick one"),
     (batch_size >= 1, f"batch_size={batch_size}; use 1 or more sequences"),
+    (micro_batch_size is None or micro_batch_size >= 1, f"micro_batch_size={micro_batch_size}; use 1 or more sequences"),
     (block_size >= 1, f"block_size={block_size}; use 1 or more tokens"),
     (gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={gradient_accumulation_steps}; use 1 or more"),
     (max_iters >= 0, f"max_iters={max_iters}; use 0 (evaluate only) or more steps"),
@@ -286,7 +288,7 @@ if ddp and device.startswith('cuda'):
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 ptdtype = pick_dtype(dtype, device_type)
 global_batch = gradient_accumulation_steps * batch_size
-rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, batch_size)
+rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, micro_batch_size or batch_size)
 rank_share = rank_micro_batches[-1][1] - rank_micro_batches[0][0]
 tokens_per_iter = global_batch * block_size
 
@@ -393,8 +395,8 @@ if ddp:  # our buffers (RoPE table, fixed λ) never change, so DDP need not sync
     model = DDP(fast_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None, forward_sync_buffers=False)
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = {global_batch} "
-          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to {batch_size}; "
-          f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
+          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to "
+          f"{micro_batch_size or batch_size}; {tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
     print(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
           f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 peak = peak_tflops or next((tflops for name, tflops in PEAK_TFLOPS.items()
