@@ -51,7 +51,7 @@ official = ''  # folder with the official modeling_llama_{baseline,resformer,svf
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu
 dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
 compile = False  # torch.compile every training model (ours and the references)
-seed = 1337
+seed = 1337  # model weights, batches and prompts, alike for every contender
 out = 'bench.json'  # the report as JSON, with every per-round timing
 smoke = False  # tiny shape and counts: checks that every section runs, in seconds; its numbers mean nothing
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
@@ -60,7 +60,7 @@ argv = ['--smoke=True' if arg == '--smoke' else arg for arg in sys.argv[1:]]  # 
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 2, 1, 1, (2, 4), 1, 1, (1, 2)
     batch_size, block_size = 2, 32
-globals().update(configure({k: globals()[k] for k in config_keys}, argv))
+globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__))
 # -----------------------------------------------------------------------------
 
 # model shape, then (batch, T) on a CPU and on a GPU; 'small' is train.py's defaults (84 characters padded to 128)

@@ -18,7 +18,31 @@ import sys
 from contextlib import nullcontext
 from dataclasses import asdict
 
-try:  # before torch, so that a missing lm_eval is reported at once
+from configurator import configure
+
+# the benchmarks the paper reports, as lm_eval names them
+PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'
+LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval_tasks')
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'  # the training run's folder
+ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
+tasks = PAPER_TASKS  # comma-separated lm_eval task names; wikitext: the paper's Wiki PPL; tiny_choice: offline
+include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files (eval_tasks/ holds tiny_choice)
+limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
+num_fewshot = 0  # the paper reports zero-shot accuracy
+batch_size = 32  # token windows per forward pass
+max_gen_toks = 256  # tokens generated per request by generative tasks, unless the task sets it
+device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
+seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+if __name__ == '__main__':  # before lm_eval and torch are imported, so --help works without them
+    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
+# -----------------------------------------------------------------------------
+
+try:  # after the settings, so --help works without lm_eval; before torch, so its absence shows at once
     import lm_eval
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -31,13 +55,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from configurator import configure
 from model import load_checkpoint, pick_device, pick_dtype
 from prepare import CHAR_SEPARATOR, load_tokenizer
-
-# the benchmarks the paper reports, as lm_eval names them
-PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'
-LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval_tasks')
 
 
 @register_model('value_residual')
@@ -216,23 +235,6 @@ def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=No
 
 
 if __name__ == '__main__':
-    # -------------------------------------------------------------------------
-    out_dir = 'out'  # the training run's folder
-    ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
-    tasks = PAPER_TASKS  # comma-separated lm_eval task names; wikitext gives the paper's Wiki PPL
-    include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files
-    limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
-    num_fewshot = 0  # the paper reports zero-shot accuracy
-    batch_size = 32  # token windows per forward pass
-    max_gen_toks = 256  # tokens generated per request by generative tasks, unless the task sets it
-    device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
-    seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
-    config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
-                   and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
-    # -------------------------------------------------------------------------
-
     task_names = [t.strip() for t in tasks.split(',') if t.strip()]
     if not task_names:
         raise SystemExit("eval.py: --tasks is empty; name at least one lm_eval task, e.g. --tasks=arc_easy")

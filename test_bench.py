@@ -21,6 +21,14 @@ def smoke(tmp_path_factory):
     return run.stdout, json.loads(out.read_text())
 
 
+def test_help_lists_every_setting_with_its_default_and_a_comment():
+    run = subprocess.run([sys.executable, 'bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (0, '')
+    settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
+    assert ['--rounds=10', 'each'] == settings[4][:2] and ['--smoke=False', 'tiny'] == settings[-1][:2]
+    assert len(settings) == 20 and all(len(words) > 1 for words in settings)  # a comment beside each
+
+
 def tables(text):
     """Markdown tables in text, each a list of rows, each a list of cells."""
     found, current = [], []

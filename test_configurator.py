@@ -249,7 +249,7 @@ def test_help_lists_settings_by_section_and_exits_0(tmp_path, flag):
     assert result.stdout == HELP_TEXT
 
 
-@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py'])
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py', 'bench.py', 'eval.py'])
 def test_help_of_the_real_scripts_lists_every_setting(script):
     result = subprocess.run([sys.executable, os.path.join(HERE, script), '--help'], capture_output=True, text=True)
     assert (result.returncode, result.stderr) == (0, ''), result.stderr

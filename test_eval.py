@@ -230,3 +230,14 @@ def test_without_lm_eval_eval_py_says_how_to_install_it():
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     assert result.returncode == 1
     assert result.stderr == "eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`\n"
+
+
+def test_help_works_without_lm_eval_and_comments_every_setting():
+    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['eval.py', '--help']; "
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
+    assert (result.returncode, result.stderr) == (0, '')
+    settings = [line.split() for line in result.stdout.splitlines() if line.startswith('  --')]
+    assert [words[0] for words in settings[:2]] == ["--out_dir='out'", "--ckpt='ckpt.pt'"]
+    assert len(settings) == 11 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert 'tiny_choice' in result.stdout  # the task that runs offline
