@@ -36,11 +36,12 @@ import types as pytypes
 LITERAL_TYPES = (bool, int, float, str, tuple, list, type(None))
 
 
-def configure(defaults, argv, types=None, script=None, verbose=True):
+def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None):
     """Return a copy of `defaults` with the config files and --key=value arguments in `argv` applied.
 
     types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
-    script: the caller's file (__file__); --help reads its comments."""
+    script: the caller's file (__file__); --help reads its comments.
+    verbose: print an 'Overriding: key = value' line per override, to log_to (None = stdout)."""
     kinds = {key: type(default) if default is not None else (types or {}).get(key) for key, default in defaults.items()}
     if '--help' in argv or '-h' in argv:
         print(help_text(defaults, kinds, script))
@@ -72,7 +73,7 @@ def configure(defaults, argv, types=None, script=None, verbose=True):
                 value = kind(value)  # (0, 1) and [0, 1] are the same setting
             config[key] = value
             if verbose:
-                print(f"Overriding: {key} = {value!r}")
+                print(f"Overriding: {key} = {value!r}", file=log_to)
     return config
 
 

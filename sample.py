@@ -6,9 +6,9 @@ Sample from a trained model.
     python sample.py --stop="'\\n\\n'"                              # end each sample at its first blank line
     python sample.py --compile=True --max_new_tokens=2000             # torch.compile: slow start, faster tokens
 
-The sample text goes to stdout (one sample streams as it is generated; several are drawn as one batch
-and printed one after another). Speed and the size of the KV cache, next to what a vanilla Transformer
-of the same shape would need, go to stderr.
+The sample text alone goes to stdout (one sample streams as it is generated; several are drawn as one
+batch and printed one after another). The settings overridden, the speed and the size of the KV cache,
+next to what a vanilla Transformer of the same shape would need, go to stderr.
 """
 import os
 import sys
@@ -37,7 +37,8 @@ use_cache = True  # decode with the KV cache (False recomputes the whole context
 compile = False  # torch.compile the model: compiled once for the prompt and once for single tokens, not per step
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__,
+                           log_to=sys.stderr))
 # -----------------------------------------------------------------------------
 
 if num_samples < 1:

@@ -59,6 +59,8 @@ def test_overrides_are_printed_unless_silenced(capsys):
     assert capsys.readouterr().out == "Overriding: n_layer = 4\n"
     configure(DEFAULTS, ['--n_layer=4'], verbose=False)
     assert capsys.readouterr().out == ""
+    configure(DEFAULTS, ['--n_layer=4'], log_to=sys.stderr)
+    assert capsys.readouterr() == ("", "Overriding: n_layer = 4\n")
 
 
 def test_defaults_are_not_mutated(tmp_path):

@@ -86,10 +86,9 @@ def sample(out_dir, *args):
 
 
 def samples_of(stdout):
-    """The printed samples, without configurator's 'Overriding' lines."""
-    text = ''.join(line for line in stdout.splitlines(keepends=True) if not line.startswith('Overriding: '))
-    assert text.endswith('\n---------------\n')
-    return text.split('\n---------------\n')[:-1]
+    """The printed samples: stdout holds them alone (configurator's 'Overriding' lines go to stderr)."""
+    assert stdout.endswith('\n---------------\n')
+    return stdout.split('\n---------------\n')[:-1]
 
 
 def kv_line(stderr):
@@ -174,11 +173,15 @@ def test_command_line(runs):
                               capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
     result = cli('svformer', *GREEDY)
     assert result.returncode == 0, result.stderr
-    assert samples_of(result.stdout)[0].startswith('the quick brown fox jumps')
+    # stdout is exactly the text: the 9-character prompt, 60 characters, the separator line
+    assert result.stdout.startswith('the quick brown fox jumps') and len(result.stdout) == 9 + 60 + 17
+    assert samples_of(result.stdout) == [result.stdout[:69]]
+    assert "Overriding: temperature = 0.0\n" in result.stderr
     assert kv_line(result.stderr)[2] == 66.7
     result = cli('missing', *GREEDY)
-    assert result.returncode == 1 and result.stdout.startswith('Overriding')
-    assert result.stderr.count('\n') == 1 and 'missing/ckpt.pt not found' in result.stderr
+    *overrides, error = result.stderr.splitlines()
+    assert (result.returncode, result.stdout) == (1, '') and 'missing/ckpt.pt not found' in error
+    assert len(overrides) == 5 and all(line.startswith('Overriding: ') for line in overrides)
 
 
 # pick_device (model.py) turns these into one line; until that fix is in this branch, these fail with a traceback
