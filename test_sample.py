@@ -68,6 +68,12 @@ def runs(tmp_path_factory):
     (root / 'truncated').mkdir()
     data = (root / 'vanilla' / 'ckpt.pt').read_bytes()
     (root / 'truncated' / 'ckpt.pt').write_bytes(data[:len(data) // 2])
+    checkpoint = torch.load(root / 'vanilla' / 'ckpt.pt', weights_only=True)
+    (root / 'no_meta').mkdir()
+    torch.save({k: v for k, v in checkpoint.items() if k != 'data_meta'}, root / 'no_meta' / 'ckpt.pt')
+    (root / 'nan').mkdir()
+    checkpoint['model']['lm_head.weight'][0, 0] = float('nan')
+    torch.save(checkpoint, root / 'nan' / 'ckpt.pt')
     return root
 
 
@@ -157,6 +163,10 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--temperature=-1'], ['temperature']),
     ('vanilla', ['--top_k=0'], ['top_k']),
     ('vanilla', ['--num_samples=0'], ['num_samples']),
+    ('vanilla', ['--start=the ', '--temperature=1e-40'], ['temperature=1e-40', 'use 0 for greedy']),
+    ('vanilla', ['--start=the ', '--seed=99999999999999999999999'], ['seed=99999999999999999999999', '2**64 - 1']),
+    ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
+    ('nan', ['--start=the '], ['nan/ckpt.pt has NaN or infinite weights']),
 ])
 def test_bad_input_exits_with_one_line(runs, run, args, words):
     with pytest.raises(SystemExit) as exit:
