@@ -83,6 +83,15 @@ if shape not in SHAPES:
 names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
 if unknown := [p for p in names if p not in VARIANTS]:
     raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1), ('warmup', warmup, 0),
+          ('loop_rounds', loop_rounds, 0))
+if too_low := [f"{name}={value}" for name, value, least in counts if value < least]:
+    raise SystemExit(f"bench.py: {', '.join(too_low)}; rounds, steps and decode_rounds take at least 1, "
+                     "warmup and loop_rounds at least 0")
+if loop_rounds and len(set(loop_iters)) < 2:
+    raise SystemExit(f"bench.py: loop_iters={loop_iters}; give two different lengths, e.g. (100, 200)")
+if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or '.'):  # now, not after the whole benchmark
+    raise SystemExit(f"bench.py: out={out!r}; name a file in an existing folder")
 device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(dtype, device_type)

@@ -39,6 +39,21 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     assert len(settings) == 20 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
+@pytest.mark.parametrize('args, message', [
+    (['--rounds=0'], "bench.py: rounds=0; rounds, steps and decode_rounds take at least 1, "
+                     "warmup and loop_rounds at least 0"),
+    (['--out=taken/x.json'], "bench.py: out='taken/x.json'; name a file in an existing folder"),
+    (['--out=.'], "bench.py: out='.'; name a file in an existing folder"),
+])
+def test_bad_settings_exit_with_one_line_before_any_measuring(tmp_path, args, message):
+    (tmp_path / 'taken').write_text('keep me')
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--device=cpu', *args], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1] == message and run.stdout == ''  # stdout: no table, nothing measured
+    assert sorted(os.listdir(tmp_path)) == ['taken'] and (tmp_path / 'taken').read_text() == 'keep me'
+
+
 def tables(text):
     """Markdown tables in text, each a list of rows, each a list of cells."""
     found, current = [], []
