@@ -736,6 +736,9 @@ def load_checkpoint(path, device='cpu'):
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
         raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
                          "(no model or model_args)")
+    if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
+        raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
+                         "point to a checkpoint written by train.py")
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does

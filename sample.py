@@ -63,9 +63,6 @@ ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device
 
 path = os.path.join(out_dir, ckpt)
 model, checkpoint = load_checkpoint(path, device)
-if 'data_meta' not in checkpoint:
-    raise SystemExit(f"sample.py: {path} has no data_meta, so the tokenizer its text needs is unknown; "
-                     "sample from a checkpoint written by train.py")
 if not all(p.isfinite().all() for p in model.parameters()):
     raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
                      "sample from another checkpoint, e.g. --ckpt=best.pt")

@@ -847,7 +847,7 @@ def test_sequence_longer_than_block_size_raises():
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def save_checkpoint(model, path):
-    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
 
 
 def test_load_checkpoint_round_trip(tmp_path):
@@ -866,7 +866,7 @@ def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
     model = tiny_model(variant='resformer_identity', dtype=torch.float32)
     path = tmp_path / 'wrapped.pt'
     torch.save({'model': {'module._orig_mod.' + k: v for k, v in model.state_dict().items()},
-                'model_args': dataclasses.asdict(model.config)}, path)
+                'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
     loaded, _ = load_checkpoint(str(path))
     idx = random_tokens(model)
     assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
@@ -883,6 +883,12 @@ def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
     assert 'not a checkpoint written by train.py' in e.value.code
+    model = tiny_model(dtype=torch.float32)  # weights, but nothing to read text with (sample, eval, analyze need it)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
+    with pytest.raises(SystemExit) as e:
+        load_checkpoint(str(path))
+    assert e.value.code == (f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
+                            "point to a checkpoint written by train.py")
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(tmp_path / 'missing.pt'))
     assert 'python train.py' in e.value.code and '--' not in e.value.code
