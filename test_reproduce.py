@@ -105,8 +105,8 @@ def test_learned_lambdas_are_reported_per_layer(tmp_path):
     assert '| resformer_learnable | 0.00, 1.00 | 0.20, 0.80 | 0.60, 0.40 | 1.00, 0.30 |' in report
 
 
-def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
-    """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
+def fake_training(monkeypatch):
+    """Replace train.py by a stand-in that writes a finished run's log and checkpoint; returns the commands it gets."""
     commands = []
 
     def fake_train(command, env, stdout):
@@ -116,6 +116,18 @@ def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monke
         torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
         return 0
     monkeypatch.setattr(reproduce, 'train', fake_train)
+    return commands
+
+
+def trained_runs(commands):
+    """(run folder name, resumed?) for each command the stand-in got."""
+    return [(Path(next(a for a in c if a.startswith('--out_dir=')).split('=', 1)[1]).name, '--init_from=resume' in c)
+            for c in commands]
+
+
+def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
+    """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
+    commands = fake_training(monkeypatch)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:3]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     finished, interrupted, killed = (name for _, name, _ in runs)
@@ -152,15 +164,7 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
     """A summary whose probe differs from today's code's (or that has none) is stale: reported, kept, and retrained
     only with retrain=True. A truncated summary is unreadable and retrained anyway. A run folder started by other
     code is trained afresh, not resumed."""
-    trained = []
-
-    def fake_train(command, env, stdout):
-        out_dir = Path(next(a for a in command if a.startswith('--out_dir=')).split('=', 1)[1])
-        trained.append((out_dir.name, '--init_from=resume' in command))
-        (out_dir / 'log.jsonl').write_text(json.dumps({'step': 600, 'val_loss': 2.0}) + '\n')
-        torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
-        return 0
-    monkeypatch.setattr(reproduce, 'train', fake_train)
+    commands = fake_training(monkeypatch)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:4]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     (results / 'runs').mkdir(parents=True)
@@ -176,14 +180,14 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
     assert states == ['done', 'stale', 'stale', 'unreadable']
 
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
-    assert trained == [(names[3], False)]  # the unreadable one only, from scratch: its checkpoint was other code's
+    assert trained_runs(commands) == [(names[3], False)]  # the unreadable one only, from scratch: its checkpoint was other code's
     assert '3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)' in capsys.readouterr().out
     assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept
     report = reproduce.write_report('variants', 'cpu', [1337], results).read_text()
     assert '**2 of them were made by code that trains differently' in report
-    trained.clear()
+    commands.clear()
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1, retrain=True) == {}
-    assert sorted(trained) == sorted([(names[1], False), (names[2], False)])
+    assert sorted(trained_runs(commands)) == sorted([(names[1], False), (names[2], False)])
     summaries = [json.loads((results / 'runs' / f'{n}.json').read_text()) for n in names[1:3]]
     assert all(s['probe'] == [4.0, 3.9, 3.8, 3.7] and s['commit'] for s in summaries)
 
