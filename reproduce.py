@@ -421,13 +421,14 @@ def loglinear_fit(points):
 # reporting
 
 def load_groups(suite, scale, seeds, results_dir):
-    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order."""
+    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only runs
+    made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
     groups = {}
     for label, settings, baseline in suite_groups(suite, scale):
         group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
         for seed in seeds:
             path = results_dir / 'runs' / f"{run_name(scale, settings | {'seed': seed})}.json"
-            if path.exists():
+            if summary_state(path, SCALES[scale] | settings | {'seed': seed}) == 'done':
                 group['runs'].append(json.loads(path.read_text()))
                 group['seeds'].append(seed)
     return groups
@@ -623,19 +624,21 @@ def plot(suite, groups, out_dir):
 
 
 def provenance(suite, scale, seeds, results_dir):
-    """One line: which commits trained the suite's runs, and how many were made by code that trains differently."""
-    commits, stale = {}, 0
+    """One line: how many runs the tables hold and which commits trained them, and how many summaries were made by
+    code that trains differently (left out of the tables)."""
+    commits, stale, total = {}, 0, 0
     for _, name, settings in suite_runs(suite, scale, seeds):
         path = results_dir / 'runs' / f'{name}.json'
-        state = summary_state(path, settings)
-        if state in ('done', 'stale'):
-            made_by = json.loads(path.read_text()).get('commit', '5fd92a7 or older (not recorded then)')
+        state, total = summary_state(path, settings), total + 1
+        if state == 'done':
+            made_by = json.loads(path.read_text()).get('commit', 'unknown')
             commits[made_by] = commits.get(made_by, 0) + 1
-            stale += state == 'stale'
-    line = 'Runs trained by commit ' + (', '.join(f'{c} ({n} runs)' for c, n in commits.items()) or 'none yet') + '.'
+        stale += state == 'stale'
+    line = (f"{sum(commits.values())} of {total} runs are in the tables, trained by commit "
+            + (', '.join(f'{c} ({n})' for c, n in commits.items()) or '–') + '.')
     if stale:
-        line += (f" **{stale} of them were made by code that trains differently from this commit's** (their probe "
-                 f"losses differ): `python reproduce.py {suite} --retrain` retrains them.")
+        line += (f" **{stale} more were made by code that trains differently from this commit's** (their probe "
+                 f"losses differ) and are left out: `python reproduce.py {suite} --retrain` retrains them.")
     return line
 
 

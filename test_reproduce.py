@@ -184,7 +184,10 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
     assert '3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)' in capsys.readouterr().out
     assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept
     report = reproduce.write_report('variants', 'cpu', [1337], results).read_text()
-    assert '**2 of them were made by code that trains differently' in report
+    assert '2 of 9 runs are in the tables, trained by commit abc (1), ' in report
+    assert '**2 more were made by code that trains differently' in report
+    with_runs = [line.split(' | ')[0][2:] for line in report.splitlines() if line.startswith('| ') and ' | 1 | ' in line]
+    assert with_runs == ['vanilla', 'resformer_sparse']  # the stale identity and constant runs are left out
     commands.clear()
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1, retrain=True) == {}
     assert sorted(trained_runs(commands)) == sorted([(names[1], False), (names[2], False)])
