@@ -69,6 +69,7 @@ METRICS = {  # name: column title
     'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos', 'key_cos': 'key cos',
 }
 RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs of one group may differ
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def importance_entropy(attn):
@@ -288,6 +289,11 @@ def main(run_args):
         raise SystemExit(f"analyze.py: windows={windows!r}; use 'doc_start' or 'mid_text'")
     if num_seqs < 1 or seq_len < 2:
         raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; use at least 1 sequence of 2 tokens")
+    existing = os.path.abspath(out)  # out, or the part of its path that exists: it must be a folder, checked now
+    while not os.path.exists(existing):  # rather than after all the computing
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise SystemExit(f"analyze.py: out={out!r} cannot be a folder: {existing} is a file; choose another --out")
     # all checkpoints first: they must share a vocabulary, and the smallest block_size caps the window length
     models = load_models(run_args)
     length = min([seq_len] + [model.config.block_size for model, _ in models.values()])
@@ -295,6 +301,8 @@ def main(run_args):
         print(f"seq_len {seq_len} -> {length}, the smallest block_size among the checkpoints")
     first = next(iter(models.values()))[1]
     data_dir = first['config']['data_dir']
+    if not os.path.isabs(data_dir) and not os.path.exists(data_dir):
+        data_dir = os.path.join(HERE, data_dir)  # relative to where train.py ran: usually the repository's root
     starts, tokens = validation_windows(data_dir, first['data_meta'], windows, num_seqs, length)
     print(f"{len(starts)} {windows} windows of {length} tokens from {data_dir} (val), at offsets {starts}")
 

@@ -8,12 +8,13 @@ and they take turns, round by round, so noise from the machine hits them all ali
     python bench.py --shape=82m                  # the paper's 82M model
     python bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
     python bench.py --compile=True --dtype=bfloat16
-    python bench.py --smoke                      # seconds: tiny counts, to check that everything runs
+    python bench.py --smoke                      # seconds: tiny counts that check every section runs
 
-Prints markdown tables and writes them, with every per-round timing, as JSON to `out`. The reference models
-are local copies that this repository does not ship: nanoGPT's model.py (github.com/karpathy/nanoGPT) and the
-official modeling_llama_{baseline,resformer,svformer}.py (github.com/Zcchill/Value-Residual-Learning,
-src/modeling; they need transformers==4.44.2). Rows whose files or packages are missing are skipped with a note.
+Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
+per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
+nanoGPT's model.py (github.com/karpathy/nanoGPT) and the official modeling_llama_{baseline,resformer,svformer}.py
+(github.com/Zcchill/Value-Residual-Learning, src/modeling; they need transformers==4.44.2). Rows whose files or
+packages are missing are skipped with a note.
 """
 import importlib.util
 import json
@@ -51,16 +52,19 @@ official = ''  # folder with the official modeling_llama_{baseline,resformer,svf
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu
 dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
 compile = False  # torch.compile every training model (ours and the references)
-seed = 1337
+seed = 1337  # model weights, batches and prompts, alike for every contender
 out = 'bench.json'  # the report as JSON, with every per-round timing
-smoke = False  # tiny shape and counts: checks that every section runs, in seconds; its numbers mean nothing
+smoke = False  # 1 round of tiny counts, no train.py loop: checks that every section runs, in seconds
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 argv = ['--smoke=True' if arg == '--smoke' else arg for arg in sys.argv[1:]]  # the one flag that needs no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
-    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 2, 1, 1, (2, 4), 1, 1, (1, 2)
+    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 1, 1, 1, (2, 4), 1, 0, (1, 2)
     batch_size, block_size = 2, 32
-globals().update(configure({k: globals()[k] for k in config_keys}, argv))
+globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr))
+SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
+if smoke:
+    print(SMOKE_WARNING)
 # -----------------------------------------------------------------------------
 
 # model shape, then (batch, T) on a CPU and on a GPU; 'small' is train.py's defaults (84 characters padded to 128)
@@ -79,6 +83,15 @@ if shape not in SHAPES:
 names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
 if unknown := [p for p in names if p not in VARIANTS]:
     raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1), ('warmup', warmup, 0),
+          ('loop_rounds', loop_rounds, 0))
+if too_low := [f"{name}={value}" for name, value, least in counts if value < least]:
+    raise SystemExit(f"bench.py: {', '.join(too_low)}; rounds, steps and decode_rounds take at least 1, "
+                     "warmup and loop_rounds at least 0")
+if loop_rounds and len(set(loop_iters)) < 2:
+    raise SystemExit(f"bench.py: loop_iters={loop_iters}; give two different lengths, e.g. (100, 200)")
+if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or '.'):  # now, not after the whole benchmark
+    raise SystemExit(f"bench.py: out={out!r}; name a file in an existing folder")
 device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(dtype, device_type)
@@ -91,7 +104,7 @@ dims, cpu_bt, gpu_bt = SHAPES[shape]
 B, T = gpu_bt if device_type == 'cuda' else cpu_bt
 B, T = batch_size or B, block_size or T
 L, d, H, V = dims['n_layer'], dims['n_embd'], dims['n_head'], dims['vocab_size']
-notes = []  # what was skipped, and why
+notes = [SMOKE_WARNING] if smoke else []  # what was skipped, and why
 HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
 
 
@@ -229,6 +242,7 @@ def matmul_peak():
     """(FLOP per call, calls per timing, description, call): a square matmul large enough to run at the device's
     peak, fp32 on a CPU and bf16 on a GPU."""
     n, mm_dtype, reps = (8192, torch.bfloat16, 20) if device_type == 'cuda' else (2048, torch.float32, 2)
+    n = 256 if smoke else n
     a, b = torch.randn(n, n, device=device, dtype=mm_dtype), torch.randn(n, n, device=device, dtype=mm_dtype)
     return 2 * n ** 3, reps, f"{n}x{n} {str(mm_dtype).split('.')[1]} matmul", lambda: a @ b
 
@@ -515,6 +529,8 @@ if results['memory']:
                               f"{r['rss_growth_mb'] / vanilla_mem['rss_growth_mb']:.3f}" if vanilla_mem['rss_growth_mb'] else '-'] for r in results['memory']]))
 if notes:
     report += [''] + [f"- {note}" for note in notes]
+if smoke:  # beside every table, so that none of its numbers is read without it
+    report = [f"{line} ({SMOKE_WARNING})" if line.startswith('## ') else line for line in report]
 print('\n'.join(report))
 with open(out, 'w') as f:
     json.dump(results, f, indent=1)

@@ -36,11 +36,12 @@ import types as pytypes
 LITERAL_TYPES = (bool, int, float, str, tuple, list, type(None))
 
 
-def configure(defaults, argv, types=None, script=None, verbose=True):
+def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None):
     """Return a copy of `defaults` with the config files and --key=value arguments in `argv` applied.
 
     types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
-    script: the caller's file (__file__); --help reads its comments."""
+    script: the caller's file (__file__); --help reads its comments.
+    verbose: print an 'Overriding: key = value' line per override, to log_to (None = stdout)."""
     kinds = {key: type(default) if default is not None else (types or {}).get(key) for key, default in defaults.items()}
     if '--help' in argv or '-h' in argv:
         print(help_text(defaults, kinds, script))
@@ -55,7 +56,9 @@ def configure(defaults, argv, types=None, script=None, verbose=True):
             overrides = {key: _parse(f'--{key}', text, kinds[key], defaults[key] is None)}
             where, name = 'config error', '--'
         elif arg.endswith('.py'):
-            overrides = _read_config_file(arg)
+            # the file's modules and functions are its helpers, unless they take a setting's name
+            overrides = {key: value for key, value in _read_config_file(arg).items()
+                         if key in defaults or not (isinstance(value, pytypes.ModuleType) or callable(value))}
             where, name = f'config error in {arg}', ''
         else:
             raise SystemExit(f"config error: unexpected argument {arg!r} "
@@ -64,15 +67,16 @@ def configure(defaults, argv, types=None, script=None, verbose=True):
             _require_known(key, defaults, where)
             kind, nullable = kinds[key], defaults[key] is None
             if not _accepts(kind, nullable, value):
+                shown = f" {value!r}" if isinstance(value, LITERAL_TYPES) else ''  # not a function's address
                 raise SystemExit(f"{where}: {name}{key} expects {_describe(kind, nullable)}, "
-                                 f"got {type(value).__name__} {value!r}")
+                                 f"got {type(value).__name__}{shown}")
             if kind is float and value is not None:
                 value = float(value)  # --dropout=0 means 0.0
             elif kind in (tuple, list) and not nullable:
                 value = kind(value)  # (0, 1) and [0, 1] are the same setting
             config[key] = value
             if verbose:
-                print(f"Overriding: {key} = {value!r}")
+                print(f"Overriding: {key} = {value!r}", file=log_to)
     return config
 
 
@@ -124,7 +128,7 @@ def _describe(kind, nullable=False):
 
 
 def _read_config_file(path):
-    """Run a config file; its settings are the top-level names that are not private, modules or callables."""
+    """Run a config file; return its top-level names that are not private."""
     try:
         with open(path, encoding='utf-8') as f:
             source = f.read()
@@ -141,11 +145,12 @@ def _read_config_file(path):
         exec(compile(source, path, 'exec'), namespace)
     except SyntaxError as e:
         raise SystemExit(f"config error in {path}:{e.lineno}: {e.msg}")
-    except Exception as e:  # a config file is a program; report where it failed, in one line
+    except (Exception, SystemExit) as e:  # a config file is a program; report where it failed, in one line
         line = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path][-1]
-        raise SystemExit(f"config error in {path}:{line}: {type(e).__name__}: {e}")
-    return {k: v for k, v in namespace.items()
-            if not k.startswith('_') and not isinstance(v, pytypes.ModuleType) and not callable(v)}
+        what = ("it exits (sys.exit or exit); a config file only sets values" if isinstance(e, SystemExit)
+                else f"{type(e).__name__}: {e}")
+        raise SystemExit(f"config error in {path}:{line}: {what}")
+    return {k: v for k, v in namespace.items() if not k.startswith('_')}
 
 # -----------------------------------------------------------------------------
 # --help: the settings as the script lays them out

@@ -8,17 +8,57 @@ Zero-shot downstream evaluation of a checkpoint with EleutherAI's lm-evaluation-
     python eval.py --out_dir=out --limit=100            # quick check: the first 100 items of each task
 
 Run it from the repository root: local tasks name their data files relative to it. It prints lm_eval's
-table and writes the full results to out_dir/<ckpt name>_lm_eval.json, next to the checkpoint.
+table and writes the full results to out_dir/<ckpt name>_lm_eval.json, next to the checkpoint; results an
+earlier evaluation left there are replaced only with --overwrite=True.
 `ValueResidualLM` is registered with lm_eval as 'value_residual', so lm_eval's own Python API can use it too:
 lm_eval.simple_evaluate(model='value_residual', model_args={'checkpoint': 'out/ckpt.pt'}, tasks=[...]).
 """
 import json
+import math
 import os
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict
 
-try:  # before torch, so that a missing lm_eval is reported at once
+from configurator import configure
+
+# the benchmarks the paper reports, as lm_eval names them
+PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'
+LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval_tasks')
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'  # the training run's folder
+ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
+tasks = PAPER_TASKS  # comma-separated lm_eval task names; wikitext: the paper's Wiki PPL; tiny_choice: offline
+include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files (eval_tasks/ holds tiny_choice)
+limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
+num_fewshot = 0  # the paper reports zero-shot accuracy
+batch_size = 32  # token windows per forward pass
+max_gen_toks = 256  # tokens generated per request by generative tasks, unless the task sets it
+device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
+seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
+overwrite = False  # replace the results an earlier evaluation of this checkpoint left in out_dir
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+if __name__ == '__main__':  # settings and their checks before lm_eval and torch load: --help works without them
+    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
+    task_names = [t.strip() for t in tasks.split(',') if t.strip()]
+    if not task_names:
+        raise SystemExit("eval.py: --tasks is empty; name at least one lm_eval task, e.g. --tasks=arc_easy")
+    if limit is not None and not (type(limit) in (int, float) and 0 < limit < math.inf):
+        raise SystemExit(f"eval.py: limit={limit!r}; use a positive number of items (or a fraction below 1)")
+    if num_fewshot < 0:
+        raise SystemExit(f"eval.py: num_fewshot={num_fewshot}; use 0 (zero-shot, as the paper) or more examples")
+    if batch_size < 1:
+        raise SystemExit(f"eval.py: batch_size={batch_size}; use at least 1")
+    results_path = os.path.join(out_dir, f'{os.path.splitext(ckpt)[0]}_lm_eval.json')
+    if os.path.exists(results_path) and not overwrite:
+        raise SystemExit(f"eval.py: {results_path} holds an earlier evaluation's results; move it away to keep "
+                         "them, or pass --overwrite=True to replace them")
+# -----------------------------------------------------------------------------
+
+try:  # after the settings, so --help works without lm_eval; before torch, so its absence shows at once
     import lm_eval
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -31,13 +71,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from configurator import configure
 from model import load_checkpoint, pick_device, pick_dtype
 from prepare import CHAR_SEPARATOR, load_tokenizer
-
-# the benchmarks the paper reports, as lm_eval names them
-PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'
-LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval_tasks')
 
 
 @register_model('value_residual')
@@ -216,30 +251,6 @@ def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=No
 
 
 if __name__ == '__main__':
-    # -------------------------------------------------------------------------
-    out_dir = 'out'  # the training run's folder
-    ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
-    tasks = PAPER_TASKS  # comma-separated lm_eval task names; wikitext gives the paper's Wiki PPL
-    include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files
-    limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
-    num_fewshot = 0  # the paper reports zero-shot accuracy
-    batch_size = 32  # token windows per forward pass
-    max_gen_toks = 256  # tokens generated per request by generative tasks, unless the task sets it
-    device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
-    seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
-    config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
-                   and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
-    # -------------------------------------------------------------------------
-
-    task_names = [t.strip() for t in tasks.split(',') if t.strip()]
-    if not task_names:
-        raise SystemExit("eval.py: --tasks is empty; name at least one lm_eval task, e.g. --tasks=arc_easy")
-    if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
-        raise SystemExit(f"eval.py: limit={limit!r}; use a positive number of items (or a fraction below 1)")
-    if batch_size < 1:
-        raise SystemExit(f"eval.py: batch_size={batch_size}; use at least 1")
     path = os.path.join(out_dir, ckpt)
     lm = ValueResidualLM(path, device=device, dtype=dtype, batch_size=batch_size, max_gen_toks=max_gen_toks)
     results = evaluate(lm, task_names, include_path, limit, num_fewshot, seed=seed)
@@ -247,7 +258,12 @@ if __name__ == '__main__':
     print(make_table(results))
     if 'groups' in results:
         print(make_table(results, 'groups'))
-    results_path = os.path.join(out_dir, f'{os.path.splitext(ckpt)[0]}_lm_eval.json')
-    with open(results_path, 'w') as f:
-        json.dump(results, f, indent=2, default=handle_non_serializable)
+    try:  # whole or not at all: a full disk leaves an earlier file as it was
+        with open(results_path + '.tmp', 'w') as f:
+            json.dump(results, f, indent=2, default=handle_non_serializable)
+        os.replace(results_path + '.tmp', results_path)
+    except OSError as e:
+        if os.path.exists(results_path + '.tmp'):
+            os.remove(results_path + '.tmp')
+        raise SystemExit(f"eval.py: could not write {results_path} ({e.strerror}); the table above has the scores")
     print(f"results written to {results_path}")

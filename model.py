@@ -8,15 +8,14 @@ the attention *values*: layer n > 1 mixes layer 1's values V1 into its own befor
 
 with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transformer, (0.5, 0.5) Identity
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
-cache no values). The paper's baselines (NeuTRENO, DenseFormer, CLA, GQA/MQA) and its Sec. 4.4
-ablations (residual from V2, on queries, keys, the attention matrix or the hidden state, mapped
-through layer 1's attention) are flags here too.
-Layers are 0-based in the code and 1-based in the paper: the code's `layer 0` is the paper's V1.
+cache no values).
 
-Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention (the paper's equation
-and its ablations); Block and GPT (where V1 is taken and handed on, and the λ table); then the
-plumbing: MLP, RoPE, the attention kernels, the KV cache, the named variants and config checks,
-checkpoint loading.
+Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention.forward, the paper's
+path (vanilla -> ResFormer -> SVFormer -> KV cache) in one stretch; Block and GPT (where V1 is taken
+and handed on, and the λ table). Then, off that path: the ablations of the paper's Sec. 4.4 and its
+baselines (NeuTRENO, DenseFormer, CLA, share-K/V) and value embeddings; the building blocks (MLP,
+RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
+Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
 import math
@@ -60,7 +59,7 @@ class GPTConfig:
     residual_source, residual_type and value_mapping below change what is mixed, and where."""
     lambdas: tuple = None
     """(n_layer, 2) rows (weight on V1, weight on V_n); rows up to residual_source must be (0, 1).
-    None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 has no value projection (SVFormer)."""
+    None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 is an SVFormer layer: no W_V."""
     lambda_mode: str = 'fixed'
     """'fixed' (λ as given), 'learnable' (λ initialised from `lambdas`), or 'plus' (Learnable-Plus:
     λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
@@ -73,40 +72,61 @@ class GPTConfig:
     residual_type: str = 'value'
     """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query'
     (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
-    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the paper's "hidden residual")."""
+    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the "hidden residual")."""
     value_mapping: str = 'current'
     """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)) or 'first'
     (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)."""
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off. Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off.
+    Needs n_kv_head = n_head."""
     denseformer: bool = False
-    """DenseFormer baseline: after each block, a learned weighted average of the embedding and all block outputs."""
+    """DenseFormer baseline: after each block, a learned weighted average of the embedding
+    and all block outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
+    value_embeds: bool = False
+    """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
+    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head.
+    Not in the paper; for comparison."""
 
     def __post_init__(self):
-        resolve_config(self)  # defaults, the named variant's flags, and a one-line ValueError for any bad setting
+        # defaults, the named variant's flags, and a one-line ValueError for any bad setting
+        resolve_config(self)
 
     def mixes(self, layer):
-        """What layer `layer` mixes in from the source layer: None, 'query', 'key', 'value', 'attention',
-        'output' (the value residual mapped by the source's own attention) or 'hidden'."""
-        if not self.value_residual or layer <= self.residual_source:
-            return None
-        return 'output' if self.residual_type == 'value' and self.value_mapping == 'first' else self.residual_type
+        """What the λ table mixes into 0-based layer `layer` from the source layer: None (nothing: vanilla, or
+        a layer up to the source), 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)."""
+        return self.residual_type if self.value_residual and layer > self.residual_source else None
 
-    def owns_value_proj(self, layer):
-        """SVFormer rule: a layer whose fixed weight on its own V_n is 0 needs no W_V (and caches no values)."""
-        svformer_layer = self.mixes(layer) == 'value' and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
-        return not svformer_layer and not self.shares_prev(layer, 'v')
+    def takes_v1(self, layer):
+        """ResFormer's rule (Eq. 2): this layer attends over λ1 V1 + λ2 V_n."""
+        return self.mixes(layer) == 'value' and self.value_mapping == 'current'
+
+    def is_svformer_layer(self, layer):
+        """SVFormer (Sec. 3): a ResFormer layer with a fixed weight 0 on its own V_n attends over V1 alone,
+        so it has no W_V and caches no values."""
+        return self.takes_v1(layer) and self.lambda_mode == 'fixed' and self.lambdas[layer][1] == 0.0
 
     def shares_prev(self, layer, what):
         """CLA pairs (0, 1), (2, 3), ...: the second layer of a pair reuses the first's K ('k') or V ('v')."""
         return layer % 2 == 1 and self.share_kv in (what, 'kv')
 
+    def has_value_embed(self, layer):
+        """nanochat's placement of value embeddings: alternating layers, counted from the last."""
+        return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
 
-# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over every
-# cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly; out, U = attn·v before W_O.
+
+# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
+# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
+# out, U = attn·v before W_O.
 Heads = namedtuple('Heads', 'q k v attn out')
+
+
+def newest(t, T):
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones.
+    In training T_k = T, and a slice would still cost a zero-filled copy in the backward pass,
+    so it is skipped."""
+    return t if t.size(2) == T else t[:, :, -T:]
 
 
 class CausalSelfAttention(nn.Module):
@@ -118,67 +138,64 @@ class CausalSelfAttention(nn.Module):
         kv_dim = self.n_kv_head * self.head_dim
         self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False) if config.owns_value_proj(layer) else None
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.svformer = config.is_svformer_layer(layer)
         self.shares_v = config.shares_prev(layer, 'v')
+        self.c_v = None if self.svformer or self.shares_v else nn.Linear(config.n_embd, kv_dim, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
+        self.ve_gate = nn.Linear(min(12, config.n_embd), self.n_kv_head, bias=False) \
+            if config.has_value_embed(layer) else None
+        self.takes_v1 = config.takes_v1(layer)
+        self.dropout = config.dropout
+        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+        # Off the paper's path (general_attention, below): the Sec. 4.4 ablations, CLA / share-K/V, NeuTRENO
+        # and value embeddings. The attention-matrix residual needs A itself, in the source layer and
+        # every later one.
         self.mixes = config.mixes(layer)
-        # the attention-matrix residual needs A as a tensor, in the source layer and in every layer mixing it in
+        self.maps_first = self.mixes == 'value' and config.value_mapping == 'first'
         self.explicit_softmax = config.value_residual and config.residual_type == 'attention' \
             and layer >= config.residual_source
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
-        self.dropout = config.dropout
-        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+        self.general = self.mixes not in (None, 'value', 'hidden') or self.maps_first \
+            or self.explicit_softmax or self.c_k is None or self.shares_v or self.neutreno_lambda != 0 \
+            or self.ve_gate is not None
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
-        """x (B, T, C) -> (output (B, T, C), this layer's Heads). lam: this layer's (λ1, λ2); source: the Heads of
-        the residual's source layer (V1's layer), None up to it; prev: the previous layer's Heads (for CLA)."""
-        B, T, C = x.shape
-        q = apply_rope(self.c_q(x).view(B, T, self.n_head, self.head_dim), *rope).transpose(1, 2)
-        if self.mixes == 'query':
-            q = lam[0] * source.q + lam[1] * q  # Sec. 4.4 query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
-        if self.c_k is None:
-            k = prev.k  # CLA / share-K: the previous layer's keys
+    def forward(self, x, rope, lam, v1, kv_cache):
+        """The paper's attention for one layer: x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's
+        (λ_{n,1}, λ_{n,2}); v1: layer 1's values (B, H_kv, T_k, hd), every cached position included (None in
+        layer 1 itself); kv_cache: a KVCache to continue from and write to, or None."""
+        T = x.size(1)
+        q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
+        k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
+        if kv_cache is not None:
+            k = kv_cache.store(kv_cache.k, self.k_slot, k)                 # keys of every position so far
+        if self.svformer:
+            # SVFormer (Sec. 3): U_n = A_n V1. With no values of its own the layer reads all of V1, cached
+            # positions included, while a ResFormer layer mixes V1's newest T rows into its new V_n only: its
+            # own cache already holds the mixed V'_n of all earlier positions.
+            v = lam[0] * v1
         else:
-            k = apply_rope(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), *rope).transpose(1, 2)
-            if self.mixes == 'key':
-                k = lam[0] * newest(source.k, T) + lam[1] * k  # Sec. 4.4 key residual, K'_n = λ1 K1 + λ2 K_n
+            v = self.heads(self.c_v, x)                                     # V_n = x W_V (values get no RoPE)
+            if self.takes_v1:
+                # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads (before any GQA
+                # repetition); V1 is not detached, so every later layer trains layer 1's W_V.
+                v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
-                k = kv_cache.store(kv_cache.k, self.k_slot, k)
-        if self.shares_v:
-            v = prev.v  # CLA / share-V: the previous layer's values
-        elif self.c_v is None:
-            # SVFormer (Sec. 3): U_n = A_n V1. Such a layer has no values of its own, so it reads the whole of V1,
-            # every cached position included. A ResFormer layer (below) instead mixes only V1's newest T rows into
-            # its new V_n, because its own cache already holds the mixed V'_n of all earlier positions.
-            v = lam[0] * source.v
-        else:
-            v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if self.mixes == 'value':
-                # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads before any GQA
-                # repetition; V1 is not detached, so every layer trains layer 1's W_V.
-                v = lam[0] * newest(source.v, T) + lam[1] * v
-            if kv_cache is not None:
-                v = kv_cache.store(kv_cache.v, self.v_slot, v)  # a ResFormer layer caches its mixed V'_n
-        dropout = self.dropout if self.training else 0.0
-        attn = None
-        if self.explicit_softmax or stats is not None:
-            attn = attention_probs(q, k)
-            if self.mixes == 'attention':
-                attn = lam[0] * source.attn + lam[1] * attn  # Sec. 4.4 attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
-            y = F.dropout(attn, dropout) @ v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        else:
-            y = attention(q, k, v, dropout)
-        if self.mixes == 'output':
-            y = lam[0] * source.out + lam[1] * y  # Sec. 4.4 mapping by layer 1's attention, λ1 A1 V1 + λ2 A_n V_n
-        if self.neutreno_lambda:
-            y = y + self.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
-        if stats is not None:
-            stats['attn'].append(attn)
-            stats['keys'].append(k)
-            stats['values'].append(v)
-        heads = Heads(q, k, v, attn, y)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return F.dropout(self.c_proj(y), self.dropout, self.training), heads
+                v = kv_cache.store(kv_cache.v, self.v_slot, v)             # a ResFormer layer caches V'_n
+        y = attention(q, k, v, self.dropout if self.training else 0.0)    # U_n = softmax(Q_n K_n^T / √d) V'_n
+        return self.project_out(y), Heads(q, k, v, None, y)
+
+    def heads(self, linear, x, rope=None):
+        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim),
+        RoPE applied if given."""
+        B, T, _ = x.shape
+        h = linear(x).view(B, T, -1, self.head_dim)
+        return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
+
+    def project_out(self, y):
+        """U (B, H, T, hd) -> its heads side by side through W_O, (B, T, C)."""
+        B, H, T, hd = y.shape
+        return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -190,8 +207,14 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats):
-        y, heads = self.attn(self.norm_attn(x), rope, lam, source, prev, kv_cache, stats)
+    def forward(self, x, rope, lam, source, prev, kv_cache, stats=None, value_embed=None):
+        """source: the Heads of the residual's source layer (layer 1's: V1), None up to it; prev: the previous
+        layer's (for CLA); stats and value_embed: see GPT.forward."""
+        if self.attn.general or stats is not None:  # ablations, baselines, value embeddings, analysis
+            y, heads = general_attention(self.attn, self.norm_attn(x), rope, lam, source, prev, kv_cache,
+                                         stats, value_embed)
+        else:
+            y, heads = self.attn(self.norm_attn(x), rope, lam, None if source is None else source.v, kv_cache)
         x = x + y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -208,8 +231,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        # λ for the layers after the source (layers up to it are unchanged). 1-D tensors, so configure_optimizers
-        # never decays them.
+        # λ for the layers after the source (layers up to it are unchanged). 1-D tensors, so
+        # configure_optimizers never decays them.
         later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
         later = later.view(L - 1 - s, 2)
         if config.lambda_mode == 'fixed':
@@ -221,9 +244,13 @@ class GPT(nn.Module):
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_vn = nn.Parameter(later[:, 1].clone())
-        # DenseFormer: block i's output is replaced by Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1}; α starts at identity
-        self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float()) for i in range(L)) \
-            if config.denseformer else None
+        # DenseFormer: block i's output becomes Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1};
+        # α starts at identity
+        self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
+                                    for i in range(L)) if config.denseformer else None
+        kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
+                                           if config.has_value_embed(i)}) if config.value_embeds else None
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -235,6 +262,9 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
         self.apply(self._init_weights)
+        for attn in attns:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
+            if attn.ve_gate is not None:
+                nn.init.uniform_(attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -242,7 +272,8 @@ class GPT(nn.Module):
 
     @property
     def lambdas(self):
-        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; rows up to the source are (0, 1)."""
+        """(n_layer, 2) weights (on V1, on V_n) each layer applies, rescaling included; rows up to the source
+        are (0, 1)."""
         if self.config.lambda_mode == 'fixed':
             later = self.lambdas_fixed
         elif self.config.lambda_mode == 'learnable':
@@ -250,39 +281,43 @@ class GPT(nn.Module):
         else:
             later = torch.stack([self.lambda_scale * self.lambda_logits.softmax(0), self.lambda_vn], dim=1)
         if self.config.value_rescale:
-            later = later / later.sum(dim=1, keepdim=True)  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
+            # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
+            later = later / later.sum(dim=1, keepdim=True)
         unchanged = torch.zeros_like(later[:1])
         unchanged[:, 1] = 1.0  # filled on the device: new_tensor would be a host-to-device copy every forward
         return torch.cat([unchanged.expand(self.config.residual_source + 1, 2), later])
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
-        kv_cache: continue from the cached positions. stats: a dict to fill with per-layer 'attn' probabilities
-        (explicit-softmax path), 'keys', 'values' (V'_n) and 'hidden' states, for analysis."""
+        kv_cache: continue from the cached positions. stats: a dict to fill with per-layer 'attn'
+        probabilities (explicit-softmax path), 'keys', 'values' (V'_n) and 'hidden' states, for analysis."""
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
         if pos + T > limit:
-            raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; use at most {limit - pos} tokens")
+            raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; "
+                             f"use at most {limit - pos} tokens")
         if stats is not None:
             stats.update(attn=[], keys=[], values=[], hidden=[])
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
         lambdas = self.lambdas  # computed once per forward: learnable λ are a softmax or a stack
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
-        block_outputs = [x]
-        s = self.config.residual_source
+        s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
         source = prev = None
+        block_outputs, h_source = [x], None
         for i, block in enumerate(self.blocks):
             if i == s:
-                h_source = x  # H_s, the input of the source block (H0 = the embedding)
+                h_source = x  # Sec. 4.4 hidden residual: H_s, the source block's input (H0 = the embedding)
             elif self.config.mixes(i) == 'hidden':
-                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # Sec. 4.4 hidden residual: x_n <- λ1 H_s + λ2 x_n
-            x, prev = block(x, rope, lambdas[i], source, prev, kv_cache, stats)
+                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # x_n <- λ1 H_s + λ2 x_n
+            value_embed = self.value_embeds[str(i)](idx) if block.attn.ve_gate is not None else None
+            x, heads = block(x, rope, lambdas[i], source, prev, kv_cache, stats, value_embed)
             if i == s:
-                source = prev  # V1 (and Q1, K1, A1, U1), all cached positions included, for every later layer
-            if self.dwa is not None:
+                source = heads  # V1 (with Q1, K1, A1, U1): layer 1's, every cached position included
+            prev = heads
+            if self.dwa is not None:  # DenseFormer: the depth-weighted average of everything so far
                 block_outputs.append(x)
-                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))  # DenseFormer depth-weighted average
+                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))
             if stats is not None:
                 stats['hidden'].append(x)
         if kv_cache is not None:
@@ -290,13 +325,15 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1)
         return logits, loss
 
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
         reused (the cache is preallocated and its length is a symbolic size). On a CPU, a small model's tokens
-        cost mostly per-call overhead, which inductor's C++ wrapper (instead of a Python one) largely removes."""
+        cost mostly per-call overhead,
+        which inductor's C++ wrapper (instead of a Python one) largely removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     def new_kv_cache(self, max_seq_len=None):
@@ -307,9 +344,9 @@ class GPT(nn.Module):
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv_cache=None,
                         vocab_size=None):
         """Yield the next token, shape (B, 1), max_new_tokens times. temperature=0 is greedy. kv_cache: decode
-        into this cache (to read its size afterwards, say) rather than a new one. vocab_size: sample only ids below
-        it (train.py pads the vocabulary with ids that have no text). Past block_size the context is cropped to
-        the last block_size tokens, with or without the cache."""
+        into this cache (to read its size afterwards, say) rather than a new one. vocab_size: sample only ids
+        below it (train.py pads the vocabulary with ids that have no text). Past block_size the context is
+        cropped to the last block_size tokens, with or without the cache."""
         block_size = self.config.block_size
         if use_cache and kv_cache is None:
             kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens)
@@ -317,7 +354,8 @@ class GPT(nn.Module):
             kv_cache.reset()
         for _ in range(max_new_tokens):
             if kv_cache is not None and kv_cache.pos == kv_cache.max_seq_len:
-                kv_cache.reset()  # the context is full: start over on the cropped context, as the uncached path does
+                # the context is full: start over on the cropped context, as the uncached path does
+                kv_cache.reset()
             fresh = idx[:, -block_size:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
             logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :vocab_size].float()
             if temperature == 0:
@@ -337,7 +375,8 @@ class GPT(nn.Module):
         """Extend idx (B, T) by up to max_new_tokens. With stop_token, stop once every row has produced it
         (rows that finish early are padded with it)."""
         done = torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
-        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache, vocab_size=vocab_size):
+        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache,
+                                               vocab_size=vocab_size):
             if stop_token is not None:
                 next_token = next_token.masked_fill(done, stop_token)
                 done |= next_token == stop_token
@@ -347,9 +386,14 @@ class GPT(nn.Module):
         return idx
 
     def num_params(self, exclude_embedding=False):
-        """Parameters (shared ones once); exclude_embedding drops the input embedding, which costs no FLOPs."""
+        """Parameters (shared ones once); exclude_embedding drops the input embedding and the value
+        embeddings, which are lookups and cost no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wte.weight.numel() if exclude_embedding and not self.config.tie_embeddings else n
+        if exclude_embedding:
+            n -= sum(p.numel() for p in self.value_embeds.parameters()) \
+                if self.value_embeds is not None else 0
+            n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
+        return n
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward): 6 per matmul weight plus attention's QK^T and AV."""
@@ -357,7 +401,8 @@ class GPT(nn.Module):
         return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
     def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
-        """Model FLOPs utilisation against peak_flops, the accelerator's peak for the dtype in use (caller's choice)."""
+        """Model FLOPs utilisation against peak_flops, the accelerator's peak for the dtype in use
+        (caller's choice)."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
@@ -365,10 +410,65 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
                   {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8, fused=device_type in ('cuda', 'cpu'))
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8,
+                                 fused=device_type in ('cuda', 'cpu'))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
+# Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual and
+# DenseFormer act between blocks, in GPT.forward.)
+
+def general_attention(attn, x, rope, lam, source, prev, kv_cache, stats, value_embed):
+    """CausalSelfAttention.forward with every ablation and baseline: the query / key / attention-matrix
+    residuals and the mapping by layer 1's attention (Sec. 4.4), CLA and share-K/V, NeuTRENO, value
+    embeddings, and the per-layer statistics analyze.py reads. It repeats the paper's path so that path reads
+    alone above; with none of these flags it computes exactly the same (test_model checks it)."""
+    B, T, C = x.shape
+    q = attn.heads(attn.c_q, x, rope)
+    if attn.mixes == 'query':
+        q = lam[0] * source.q + lam[1] * q  # query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
+    if attn.c_k is None:
+        k = prev.k  # CLA / share-K: the previous layer's keys
+    else:
+        k = attn.heads(attn.c_k, x, rope)
+        if attn.mixes == 'key':
+            k = lam[0] * newest(source.k, T) + lam[1] * k  # key residual, K'_n = λ1 K1 + λ2 K_n
+        if kv_cache is not None:
+            k = kv_cache.store(kv_cache.k, attn.k_slot, k)
+    if attn.shares_v:
+        v = prev.v  # CLA / share-V: the previous layer's values
+    elif attn.svformer:
+        v = lam[0] * source.v
+    else:
+        v = attn.heads(attn.c_v, x)
+        if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
+            gate = 3 * torch.sigmoid(attn.ve_gate(x[..., :attn.ve_gate.in_features])).transpose(1, 2)
+            v = v + gate.unsqueeze(-1) * value_embed.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        if attn.takes_v1:
+            v = lam[0] * newest(source.v, T) + lam[1] * v
+        if kv_cache is not None:
+            v = kv_cache.store(kv_cache.v, attn.v_slot, v)
+    dropout = attn.dropout if attn.training else 0.0
+    probs = None
+    if attn.explicit_softmax or stats is not None:
+        probs = attention_probs(q, k)
+        if attn.mixes == 'attention':
+            probs = lam[0] * source.attn + lam[1] * probs  # attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
+        y = F.dropout(probs, dropout) @ v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+    else:
+        y = attention(q, k, v, dropout)
+    if attn.maps_first:
+        y = lam[0] * source.out + lam[1] * y  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
+    if attn.neutreno_lambda:
+        y = y + attn.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
+    if stats is not None:
+        stats['attn'].append(probs)
+        stats['keys'].append(k)
+        stats['values'].append(v)
+    return attn.project_out(y), Heads(q, k, v, probs, y)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Building blocks: the MLP, RoPE and the two ways to compute attention.
 
 class MLP(nn.Module):
@@ -398,20 +498,14 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D). In training T_k = T, and a slice would still cost a
-    zero-filled copy in the backward pass, so it is skipped."""
-    return t if t.size(2) == T else t[:, :, -T:]
-
-
 def attention(q, k, v, dropout_p):
     """softmax(QK^T/sqrt(d)) V with a causal mask through SDPA's fused kernels; q (B, H, T, D), k and v
     (B, H_kv, T_k, D) with T_k >= T, the last T of them at q's positions."""
     T, T_k, gqa = q.size(2), k.size(2), k.size(1) != q.size(1)
     if T == T_k:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
-    # A chunk appended to a cache: SDPA's is_causal aligns the mask top-left, which is wrong here, so build the
-    # mask (one new token sees every cached position and needs none).
+    # A chunk appended to a cache: SDPA's is_causal aligns the mask top-left, which is wrong here, so build
+    # the mask (one new token sees every cached position and needs none).
     mask = None if T == 1 else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
@@ -428,9 +522,9 @@ def attention_probs(q, k):
 
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
-    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per pair.
-    Every residual of Sec. 4.4 works with it: later layers read the source layer's newest rows (and a key or
-    value residual caches the mixed K'_n / V'_n), so nothing beyond K and V needs keeping."""
+    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per
+    pair. Every residual of Sec. 4.4 works with it: later layers read the source layer's newest rows (and a
+    key or value residual caches the mixed K'_n / V'_n), so nothing beyond K and V needs keeping."""
 
     def __init__(self, n_k_slots, n_v_slots, max_seq_len):
         self.k = [None] * n_k_slots
@@ -439,7 +533,8 @@ class KVCache:
         self.pos = 0  # positions already cached; the model advances it after each forward
 
     def store(self, slots, slot, new):
-        """Write new (B, heads, T, head_dim) entries at self.pos; return everything cached for this slot so far."""
+        """Write new (B, heads, T, head_dim) entries at self.pos;
+        return everything cached for this slot so far."""
         B, H, T, D = new.shape
         if slots[slot] is None:
             slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
@@ -453,7 +548,7 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The named variants of the paper's tables, and the checks behind GPTConfig's one-line errors.
 
 # Each named variant sets these flags; its λ rows come from `variant_lambdas`.
@@ -476,21 +571,24 @@ VARIANTS = {
 
 
 def variant_lambdas(variant, n_layer, source=0):
-    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; rows up to the source
-    layer (0 = layer 1) are (0, 1), unchanged. Values: the official code (Identity 0.5/0.5, NeuTRENO+ResFormer),
-    the paper's text (SVFormer: V1 alone; Constant: λ = 2; Sparse: best at layers 6-8 of 8 with λ1 = 5)."""
+    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; rows up to the
+    source layer (0 = layer 1) are (0, 1), unchanged. Values: the official code (Identity 0.5/0.5,
+    NeuTRENO+ResFormer), the paper's text (SVFormer: V1 alone; Constant: λ = 2;
+    Sparse: best at layers 6-8 of 8 with λ1 = 5)."""
     later = range(source + 1, n_layer)
     if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]
     elif variant == 'resformer_sparse':
-        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5, the paper's best sparse setting)
+        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5,
+        # the paper's best sparse setting)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond "stronger
-        # for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight.
+        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond
+        # "stronger for higher layers", so we choose λ' = linspace(0, 1):
+        # the top layer starts with e times the bottom's weight.
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -502,7 +600,8 @@ def variant_lambdas(variant, n_layer, source=0):
 
 
 def resolve_config(cfg):
-    """Fill in cfg's defaults, apply its named variant, and raise a one-line ValueError for an impossible setting."""
+    """Fill in cfg's defaults, apply its named variant, and raise a one-line ValueError
+    for an impossible setting."""
     def need(ok, message):
         if not ok:
             raise ValueError(message)
@@ -517,24 +616,31 @@ def resolve_config(cfg):
         need(whole(getattr(cfg, name)), f"{name} must be a positive integer, got {getattr(cfg, name)!r}")
     for name in ('n_kv_head', 'ffn_hidden'):
         value = getattr(cfg, name)
-        need(value is None or whole(value), f"{name} must be a positive integer (or None for the default), got {value!r}")
+        need(value is None or whole(value),
+             f"{name} must be a positive integer (or None for the default), got {value!r}")
     if cfg.n_kv_head is None:
         cfg.n_kv_head = cfg.n_head
     if cfg.ffn_hidden is None:
         cfg.ffn_hidden = round(3.5 * cfg.n_embd)
-    need(finite(cfg.rope_theta) and cfg.rope_theta > 0, f"rope_theta={cfg.rope_theta!r} must be a positive finite number")
-    need(finite(cfg.norm_eps) and cfg.norm_eps > 0, f"norm_eps={cfg.norm_eps!r} must be a positive finite number")
+    need(finite(cfg.rope_theta) and cfg.rope_theta > 0,
+         f"rope_theta={cfg.rope_theta!r} must be a positive finite number")
+    need(finite(cfg.norm_eps) and cfg.norm_eps > 0,
+         f"norm_eps={cfg.norm_eps!r} must be a positive finite number")
     need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
     need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
     source = cfg.residual_source
-    need(isinstance(source, int) and not isinstance(source, bool) and (source == 0 or 0 < source < cfg.n_layer - 1),
-         f"residual_source={source!r} must be a layer index from 0 to {cfg.n_layer - 2}: a later layer must mix it in")
+    need(isinstance(source, int) and not isinstance(source, bool)
+         and (source == 0 or 0 < source < cfg.n_layer - 1),
+         f"residual_source={source!r} must be a layer index from 0 to {cfg.n_layer - 2}: "
+         "a later layer must mix it in")
     if cfg.lambdas is not None:
         try:
             cfg.lambdas = tuple((float(a), float(b)) for a, b in cfg.lambdas)
         except (TypeError, ValueError):
-            raise ValueError(f"lambdas must be {cfg.n_layer} pairs (weight on V1, weight on V_n), got {cfg.lambdas!r}") from None
-        need(all(math.isfinite(w) for row in cfg.lambdas for w in row), f"lambdas must be finite numbers, got {cfg.lambdas}")
+            raise ValueError(f"lambdas must be {cfg.n_layer} pairs (weight on V1, weight on V_n), "
+                             f"got {cfg.lambdas!r}") from None
+        need(all(math.isfinite(w) for row in cfg.lambdas for w in row),
+             f"lambdas must be finite numbers, got {cfg.lambdas}")
     if cfg.variant != 'custom':
         apply_variant(cfg)
     if cfg.value_residual and cfg.lambdas is None:
@@ -551,8 +657,8 @@ def apply_variant(cfg):
     preset['lambdas'] = variant_lambdas(cfg.variant, cfg.n_layer, cfg.residual_source)
     for k, value in preset.items():
         if getattr(cfg, k) not in (defaults[k], value):
-            raise ValueError(f"variant={cfg.variant!r} sets {k}={value!r}, but {k}={getattr(cfg, k)!r} was given; "
-                             f"use variant='custom' to set it yourself")
+            raise ValueError(f"variant={cfg.variant!r} sets {k}={value!r}, but {k}={getattr(cfg, k)!r} "
+                             f"was given; use variant='custom' to set it yourself")
         setattr(cfg, k, value)
 
 
@@ -561,16 +667,26 @@ def check_flags(cfg, need):
     s = cfg.residual_source
     need(cfg.n_embd % cfg.n_head == 0, f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")
     need((cfg.n_embd // cfg.n_head) % 2 == 0, f"head_dim={cfg.n_embd // cfg.n_head} must be even for RoPE")
-    need(cfg.n_head % cfg.n_kv_head == 0, f"n_head={cfg.n_head} is not divisible by n_kv_head={cfg.n_kv_head}")
-    need(cfg.lambda_mode in ('fixed', 'learnable', 'plus'), f"lambda_mode={cfg.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
+    need(cfg.n_head % cfg.n_kv_head == 0,
+         f"n_head={cfg.n_head} is not divisible by n_kv_head={cfg.n_kv_head}")
+    need(cfg.lambda_mode in ('fixed', 'learnable', 'plus'),
+         f"lambda_mode={cfg.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
     need(cfg.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={cfg.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
     need(cfg.residual_type in ('value', 'query', 'key', 'attention', 'hidden'),
          f"residual_type={cfg.residual_type!r}; use 'value', 'query', 'key', 'attention' or 'hidden'")
-    need(cfg.value_mapping in ('current', 'first'), f"value_mapping={cfg.value_mapping!r}; use 'current' or 'first'")
+    need(cfg.value_mapping in ('current', 'first'),
+         f"value_mapping={cfg.value_mapping!r}; use 'current' or 'first'")
     need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
-         f"value_mapping='first' maps values, but residual_type={cfg.residual_type!r}; use residual_type='value'")
+         f"value_mapping='first' maps values, but residual_type={cfg.residual_type!r}; "
+         "use residual_type='value'")
     if cfg.neutreno_lambda:
-        need(cfg.n_kv_head == cfg.n_head, "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+        need(cfg.n_kv_head == cfg.n_head,
+             "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    if cfg.value_embeds:
+        lacking = [n + 1 for n in range(cfg.n_layer)
+                   if cfg.has_value_embed(n) and (cfg.is_svformer_layer(n) or cfg.shares_prev(n, 'v'))]
+        need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have none "
+                          f"(SVFormer or share_kv); drop value_embeds or pick another variant")
     if not cfg.value_residual:
         need(cfg.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
         need(cfg.lambda_mode == 'fixed', f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")
@@ -580,43 +696,58 @@ def check_flags(cfg, need):
         need(s == 0 or cfg.neutreno_lambda, "residual_source needs value_residual=True or neutreno_lambda")
         return
     need(cfg.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
-    need(len(cfg.lambdas) == cfg.n_layer, f"lambdas must have shape ({cfg.n_layer}, 2), got {len(cfg.lambdas)} rows")
+    need(len(cfg.lambdas) == cfg.n_layer,
+         f"lambdas must have shape ({cfg.n_layer}, 2), got {len(cfg.lambdas)} rows")
     for n, row in enumerate(cfg.lambdas[:s + 1]):
-        need(row == (0.0, 1.0), f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")
+        need(row == (0.0, 1.0),
+             f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")
     if cfg.residual_type == 'value':
-        need(cfg.share_kv not in ('v', 'kv'), f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual "
-                                              "also redefines (SVFormer already shares V1); use share_kv='k' or 'none'")
+        need(cfg.share_kv not in ('v', 'kv'),
+             f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
+             "(SVFormer already shares V1); use share_kv='k' or 'none'")
     if cfg.residual_type == 'key':
-        need(cfg.share_kv not in ('k', 'kv'), f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual "
-                                              "also redefines; use share_kv='v' or 'none'")
+        need(cfg.share_kv not in ('k', 'kv'),
+             f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
+             "use share_kv='v' or 'none'")
     if cfg.lambda_mode == 'fixed' and (cfg.residual_type != 'value' or cfg.value_mapping != 'current'):
-        need(all(b != 0 for _, b in cfg.lambdas[s + 1:]), "a zero weight on the layer's own term leaves its projections "
-             f"untrained with residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the "
-             "value residual (SVFormer) drops them")
+        need(all(b != 0 for _, b in cfg.lambdas[s + 1:]),
+             "a zero weight on the layer's own term leaves its projections untrained with "
+             f"residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the value "
+             "residual (SVFormer) drops them")
     if cfg.lambda_mode == 'plus':
-        need(all(a > 0 for a, _ in cfg.lambdas[s + 1:]), "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
+        need(all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
+             "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
     if cfg.value_rescale:
-        need(all(a + b != 0 for a, b in cfg.lambdas[s + 1:]), "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+        need(all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
+             "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
 
 
 def load_checkpoint(path, device='cpu'):
-    """(model, checkpoint) from a checkpoint written by train.py; a missing or damaged file exits with one line."""
+    """(model, checkpoint) from a checkpoint written by train.py;
+    a missing or damaged file exits with one line."""
     try:
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
-    except Exception:  # truncated, or not written by torch.save (never retry with weights_only=False: it runs code)
-        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by train.py; "
-                         f"re-train or point to another checkpoint") from None
+    except Exception:  # truncated, or not written by torch.save
+        # never retry with weights_only=False: it runs code
+        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "
+                         f"train.py; re-train or point to another checkpoint") from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
-        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py (no model or model_args)")
+        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
+                         "(no model or model_args)")
+    if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
+        raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
+                         "point to a checkpoint written by train.py")
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
-        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v for k, v in checkpoint['model'].items()})
+        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v
+                               for k, v in checkpoint['model'].items()})
     except Exception as e:  # weights or settings that do not fit this version of the model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); re-train or point to another checkpoint") from None
+        raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); "
+                         "re-train or point to another checkpoint") from None
     return model.to(device), checkpoint
 
 
@@ -631,7 +762,8 @@ def pick_device(device):
     if parsed is None or parsed.type not in ('cpu', 'cuda', 'mps'):
         raise SystemExit(f"device={device!r}; use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'")
     if parsed.type == 'cuda' and (parsed.index or 0) >= torch.cuda.device_count():
-        have = f"only {torch.cuda.device_count()} GPU(s) are" if torch.cuda.is_available() else "no CUDA GPU is"
+        have = f"only {torch.cuda.device_count()} GPU(s) are" if torch.cuda.is_available() \
+            else "no CUDA GPU is"
         raise SystemExit(f"device={device!r}, but {have} available; use device='auto' or 'cpu'")
     if parsed.type == 'mps' and not torch.backends.mps.is_available():
         raise SystemExit(f"device={device!r}, but MPS is not available here; use device='auto' or 'cpu'")
@@ -640,7 +772,8 @@ def pick_device(device):
 
 def pick_dtype(dtype, device_type):
     """'auto' means bfloat16 on GPUs that have it, else float16 on CUDA, else float32 (CPU autocast does bf16
-    only, which is slower than fp32 on most CPUs). An unknown name, or float16 off CUDA, exits with one line."""
+    only, which is slower than fp32 on most CPUs).
+    An unknown name, or float16 off CUDA, exits with one line."""
     if dtype == 'auto':
         if device_type == 'cuda':
             return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'

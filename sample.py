@@ -6,9 +6,9 @@ Sample from a trained model.
     python sample.py --stop="'\\n\\n'"                              # end each sample at its first blank line
     python sample.py --compile=True --max_new_tokens=2000             # torch.compile: slow start, faster tokens
 
-The sample text goes to stdout (one sample streams as it is generated; several are drawn as one batch
-and printed one after another). Speed and the size of the KV cache, next to what a vanilla Transformer
-of the same shape would need, go to stderr.
+The sample text alone goes to stdout (one sample streams as it is generated; several are drawn as one
+batch and printed one after another). The settings overridden, the speed and the size of the KV cache,
+next to what a vanilla Transformer of the same shape would need, go to stderr.
 """
 import os
 import sys
@@ -37,7 +37,8 @@ use_cache = True  # decode with the KV cache (False recomputes the whole context
 compile = False  # torch.compile the model: compiled once for the prompt and once for single tokens, not per step
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
+globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__,
+                           log_to=sys.stderr))
 # -----------------------------------------------------------------------------
 
 if num_samples < 1:
@@ -46,8 +47,13 @@ if max_new_tokens < 1:
     raise SystemExit(f"sample.py: max_new_tokens={max_new_tokens}; generate at least 1 token")
 if temperature < 0:
     raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy or a positive value")
+if 0 < temperature < 1e-6:  # dividing the logits by it overflows float32 from about 1e-37 on
+    raise SystemExit(f"sample.py: temperature={temperature} is too small to divide the logits by; use 0 for greedy "
+                     "decoding, which is what it amounts to, or at least 1e-6")
 if top_k < 1:
     raise SystemExit(f"sample.py: top_k={top_k}; keep at least 1 token (a large value such as 50304 keeps all)")
+if not 0 <= seed < 2 ** 64:
+    raise SystemExit(f"sample.py: seed={seed}; use an integer from 0 to 2**64 - 1")
 device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(dtype, device_type)
@@ -55,7 +61,11 @@ torch.manual_seed(seed)
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 
-model, checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), device)
+path = os.path.join(out_dir, ckpt)
+model, checkpoint = load_checkpoint(path, device)
+if not all(p.isfinite().all() for p in model.parameters()):
+    raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
+                     "sample from another checkpoint, e.g. --ckpt=best.pt")
 model.eval()
 if compile:
     model.compile_for_decoding()

@@ -241,3 +241,22 @@ def test_unusable_device_exits_with_one_line(runs, device):
         pytest.skip('CUDA is available here')
     result = analyze(runs, 'vanilla_1', f'--device={device}')
     assert result.returncode == 1 and result.stderr.count('\n') == 1 and device in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize('out', ['taken', 'taken/metrics'])
+def test_an_out_that_cannot_be_a_folder_is_refused_before_any_computing(runs, out):
+    (runs / 'taken').write_text('keep me')
+    result = analyze(runs, 'vanilla_1', f'--out={out}')
+    one_line_error(result, f"out='{out}' cannot be a folder", 'taken is a file')
+    assert 'windows of' not in result.stdout  # refused before the checkpoints were read and the windows cut
+    assert (runs / 'taken').read_text() == 'keep me'
+
+
+def test_a_relative_data_dir_is_found_from_another_folder(runs, tmp_path):
+    checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
+    checkpoint['config']['data_dir'] = os.path.relpath(runs / 'data', HERE)  # as train.py run from the repository
+    torch.save(checkpoint, tmp_path / 'relative.pt')
+    result = analyze(tmp_path, 'relative.pt', '--num_seqs=1', '--out=out')
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / 'out' / 'metrics.json').read_text())['data_dir'] == os.path.join(
+        HERE, checkpoint['config']['data_dir'])

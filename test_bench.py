@@ -21,6 +21,39 @@ def smoke(tmp_path_factory):
     return run.stdout, json.loads(out.read_text())
 
 
+def test_smoke_says_at_the_top_and_beside_every_table_that_its_numbers_mean_nothing(smoke):
+    warning = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
+    lines = smoke[0].splitlines()
+    assert lines[0] == warning  # stdout is the report alone: the Overriding lines go to stderr
+    headings = [line for line in lines if line.startswith('## ')]
+    assert len(headings) >= 4 and all(line.endswith(f' ({warning})') for line in headings)
+    assert smoke[1]['notes'][0] == warning
+    assert smoke[1]['settings']['rounds'] == 1 and 'loop' not in smoke[1]  # one round, no train.py runs
+
+
+def test_help_lists_every_setting_with_its_default_and_a_comment():
+    run = subprocess.run([sys.executable, 'bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (0, '')
+    settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
+    assert settings[4][:2] == ['--rounds=10', 'each'] and settings[-1][0] == '--smoke=False'
+    assert len(settings) == 20 and all(len(words) > 1 for words in settings)  # a comment beside each
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--rounds=0'], "bench.py: rounds=0; rounds, steps and decode_rounds take at least 1, "
+                     "warmup and loop_rounds at least 0"),
+    (['--out=taken/x.json'], "bench.py: out='taken/x.json'; name a file in an existing folder"),
+    (['--out=.'], "bench.py: out='.'; name a file in an existing folder"),
+])
+def test_bad_settings_exit_with_one_line_before_any_measuring(tmp_path, args, message):
+    (tmp_path / 'taken').write_text('keep me')
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--device=cpu', *args], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1] == message and run.stdout == ''  # stdout: no table, nothing measured
+    assert sorted(os.listdir(tmp_path)) == ['taken'] and (tmp_path / 'taken').read_text() == 'keep me'
+
+
 def tables(text):
     """Markdown tables in text, each a list of rows, each a list of cells."""
     found, current = [], []

@@ -6,8 +6,11 @@ A new config file, or a new command line in a header, is picked up automatically
 """
 
 import ast
+import json
 import math
 import shlex
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,6 +28,9 @@ FRAGMENTS = {'paper_recipe.py'}  # settings shared by the full-scale configs, wh
 # (n_layer, n_embd) -> the paper's parameter count for that shape; the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
 PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 1.67e9}
 TOKENS_PER_STEP = 2_097_152  # the paper's 1024 sequences of 2048 tokens, kept at every sequence length
+# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, from the estimates in
+# paper_recipe.py (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention ablation needs half
+MICRO_BATCH_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
 
 
 def train_defaults():
@@ -94,6 +100,13 @@ def test_run_builds_the_paper_model(path, ranks, args):
         assert tokens == TOKENS_PER_STEP, tokens
         assert settings['gradient_accumulation_steps'] % ranks == 0  # train.py refuses it otherwise
         assert settings['max_iters'] == 10_000 and settings['warmup_iters'] == 120
+        share = settings['gradient_accumulation_steps'] * settings['batch_size'] // ranks  # sequences per GPU
+        micro = settings['micro_batch_size'] or settings['batch_size']
+        limit = MICRO_BATCH_TOKENS.get((L, d), MICRO_BATCH_TOKENS[8, 512])  # smaller: what the 82M model fits
+        limit //= 2 if settings['residual_type'] == 'attention' else 1
+        assert micro <= share and micro * settings['block_size'] <= limit, (micro, settings['block_size'])
+        lowered = settings_of([*args, f'--micro_batch_size={max(micro // 4, 1)}'])  # to fit a smaller GPU
+        assert lowered['gradient_accumulation_steps'] * lowered['batch_size'] * lowered['block_size'] == TOKENS_PER_STEP
 
 
 @pytest.mark.parametrize('path, ranks, args', RUNS, ids=[run_id(p, a) for p, _, a in RUNS])
@@ -116,3 +129,26 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
     optimizer.step()
     for name, p in model.named_parameters():
         assert not torch.equal(p, before[name]), f'{name} did not move'
+
+
+def test_a_smaller_micro_batch_takes_the_same_step(tmp_path):
+    """Two steps of a tiny model on 8 sequences per step, in micro-batches of 4 and of 1: the same training losses
+    and the same validation loss after the updates (up to float rounding); the run says which micro-batch it took."""
+    (tmp_path / 'tiny.txt').write_text(''.join(f'line {i}: to be or not to be\n' for i in range(300)))
+    subprocess.run([sys.executable, REPO / 'prepare.py', '--input=tiny.txt', '--out_dir=data/tiny_char'],
+                   cwd=tmp_path, check=True, capture_output=True)
+    losses = {}
+    for micro in (4, 1):
+        result = subprocess.run([sys.executable, REPO / 'train.py', '--dataset=tiny_char', '--n_layer=2', '--n_head=2',
+                                 '--n_embd=16', '--block_size=8', '--batch_size=4', '--gradient_accumulation_steps=2',
+                                 f'--micro_batch_size={micro}', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
+                                 '--log_interval=1', '--warmup_iters=0', '--lr_decay_iters=2', '--device=cpu',
+                                 '--compile=False', f'--out_dir=out{micro}'], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert f'64 tokens per step = 8 sequences x 8 tokens, 8 per rank in micro-batches of up to {micro};' in result.stdout
+        log = [json.loads(line) for line in (tmp_path / f'out{micro}' / 'log.jsonl').read_text().splitlines()]
+        losses[micro] = [record.get('train_loss', record.get('val_loss')) for record in log]
+    assert len(losses[4]) == 4 and losses[1] == pytest.approx(losses[4], rel=1e-5)
+    result = subprocess.run([sys.executable, REPO / 'train.py', '--micro_batch_size=0'], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr == 'train.py: micro_batch_size=0; use 1 or more sequences\n'

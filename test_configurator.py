@@ -59,6 +59,8 @@ def test_overrides_are_printed_unless_silenced(capsys):
     assert capsys.readouterr().out == "Overriding: n_layer = 4\n"
     configure(DEFAULTS, ['--n_layer=4'], verbose=False)
     assert capsys.readouterr().out == ""
+    configure(DEFAULTS, ['--n_layer=4'], log_to=sys.stderr)
+    assert capsys.readouterr() == ("", "Overriding: n_layer = 4\n")
 
 
 def test_defaults_are_not_mutated(tmp_path):
@@ -170,6 +172,29 @@ def test_script_exits_with_one_line_on_stderr(tmp_path):
     assert bad.stderr == "config error: unknown config key 'n_layers' (did you mean 'n_layer'?)\n"
 
 
+def test_config_file_that_exits_is_a_one_line_error(tmp_path):
+    for call in ("sys.exit()", "sys.exit(0)", "exit()"):
+        exits = write(tmp_path, 'exits.py', f"import sys\nn_layer = 4\n{call}\n")
+        assert error([exits]) == f"config error in {exits}:3: it exits (sys.exit or exit); a config file only sets values"
+
+
+def test_config_value_of_the_wrong_kind_names_the_key_and_type(tmp_path):
+    lam = write(tmp_path, 'lam.py', "dropout = lambda: 0.5\n")
+    assert error([lam]) == f"config error in {lam}: dropout expects float, got function"
+    module = write(tmp_path, 'module.py', "import math as n_kv_head\n")
+    assert error([module]) == f"config error in {module}: n_kv_head expects a Python literal (None, a number, str, " \
+                              "bool, list or tuple), got module"
+
+
+def test_train_py_with_a_config_file_that_exits_fails_with_one_line(tmp_path):
+    config = write(tmp_path, 'quits.py', "import sys\nmax_iters = 10\nsys.exit()\n")
+    result = subprocess.run([sys.executable, os.path.join(HERE, 'train.py'), config, f'--out_dir={tmp_path / "out"}'],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (1, '')
+    assert result.stderr == f"config error in {config}:3: it exits (sys.exit or exit); a config file only sets values\n"
+    assert os.listdir(tmp_path) == ['quits.py']  # no out_dir, nothing written
+
+
 def test_config_path_that_is_a_folder_or_not_utf8(tmp_path):
     folder = tmp_path / 'configs.py'
     folder.mkdir()
@@ -249,7 +274,7 @@ def test_help_lists_settings_by_section_and_exits_0(tmp_path, flag):
     assert result.stdout == HELP_TEXT
 
 
-@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py'])
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py', 'bench.py', 'eval.py'])
 def test_help_of_the_real_scripts_lists_every_setting(script):
     result = subprocess.run([sys.executable, os.path.join(HERE, script), '--help'], capture_output=True, text=True)
     assert (result.returncode, result.stderr) == (0, ''), result.stderr

@@ -1,6 +1,7 @@
 """eval.py through lm_eval's full path (task YAML, local JSONL, simple_evaluate) on tiny models, with no network."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -230,3 +231,80 @@ def test_without_lm_eval_eval_py_says_how_to_install_it():
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     assert result.returncode == 1
     assert result.stderr == "eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`\n"
+
+
+def test_help_works_without_lm_eval_and_comments_every_setting():
+    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['eval.py', '--help']; "
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
+    assert (result.returncode, result.stderr) == (0, '')
+    settings = [line.split() for line in result.stdout.splitlines() if line.startswith('  --')]
+    assert [words[0] for words in settings[:2]] == ["--out_dir='out'", "--ckpt='ckpt.pt'"]
+    assert len(settings) == 12 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert 'tiny_choice' in result.stdout  # the task that runs offline
+
+
+def eval_cli(out_dir, *args, env=None):
+    return subprocess.run([sys.executable, EVAL_PY, f'--out_dir={out_dir}', '--tasks=tiny_choice', '--device=cpu',
+                           '--limit=2', *args], capture_output=True, text=True, cwd=HERE,
+                          env=dict(os.environ, OMP_NUM_THREADS='1', **(env or {})))
+
+
+def one_line_error(result, *words):
+    """The last line on stderr is the message (lm_eval's progress bars may precede it); no traceback."""
+    message = result.stderr.splitlines()[-1]
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    assert message.startswith('eval.py: ') and all(word in message for word in words), message
+
+
+@pytest.mark.parametrize('arg, words', [
+    ('--limit=1e999', ['limit=inf', 'positive number']),
+    ('--limit=True', ['limit=True']),
+    ('--num_fewshot=-1', ['num_fewshot=-1', 'use 0']),
+])
+def test_bad_settings_exit_with_one_line_before_loading_anything(checkpoints, arg, words):
+    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['eval.py', '--out_dir=x', {arg!r}]; "
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")  # without lm_eval: checked before it is imported
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
+    one_line_error(result, *words)
+    assert result.stderr.count('\n') == 1
+
+
+@pytest.fixture
+def evaluated(checkpoints, tmp_path):
+    """A run folder with a checkpoint and the results of an earlier evaluation: (folder, their bytes)."""
+    shutil.copy(checkpoints['vanilla'], tmp_path / 'ckpt.pt')
+    earlier = b'{"results": "an earlier evaluation"}'
+    (tmp_path / 'ckpt_lm_eval.json').write_bytes(earlier)
+    return tmp_path, earlier
+
+
+def test_earlier_results_are_kept_unless_overwrite_is_given(evaluated):
+    out_dir, earlier = evaluated
+    refused = eval_cli(out_dir, '--num_fewshot=1')
+    one_line_error(refused, 'ckpt_lm_eval.json holds an earlier', '--overwrite=True')
+    assert refused.stderr.count('\n') == 1  # refused before any evaluating
+    assert (out_dir / 'ckpt_lm_eval.json').read_bytes() == earlier
+    result = eval_cli(out_dir, '--overwrite=True')
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out_dir / 'ckpt_lm_eval.json').read_text())['config']['limit'] == 2
+    assert sorted(os.listdir(out_dir)) == ['ckpt.pt', 'ckpt_lm_eval.json']
+
+
+def test_a_full_disk_leaves_the_earlier_results_whole(evaluated, tmp_path_factory):
+    out_dir, earlier = evaluated
+    site = tmp_path_factory.mktemp('site')  # json.dump of the results runs out of space halfway
+    (site / 'sitecustomize.py').write_text(
+        "import errno, json\n"
+        "dump = json.dump\n"
+        "def full(obj, f, **kwargs):\n"
+        "    if 'lm_eval.json' not in getattr(f, 'name', ''):\n"
+        "        return dump(obj, f, **kwargs)\n"
+        "    f.write('{\"results\": ')\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "json.dump = full\n")
+    result = eval_cli(out_dir, '--overwrite=True', env={'PYTHONPATH': str(site)})
+    one_line_error(result, f"could not write {out_dir / 'ckpt_lm_eval.json'} (No space left on device)")
+    assert '|tiny_choice|' in result.stdout  # the scores were printed before
+    assert (out_dir / 'ckpt_lm_eval.json').read_bytes() == earlier
+    assert sorted(os.listdir(out_dir)) == ['ckpt.pt', 'ckpt_lm_eval.json']  # no temporary file left behind

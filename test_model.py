@@ -30,6 +30,10 @@ EXTRA_CASES = {
     'tied': dict(variant='resformer_identity', tie_embeddings=True),
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
     'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+    # value embeddings (nanochat): layers 2 and 4 of 4; with 3 layers also layer 1, whose V1 then carries them
+    'value_embeds': dict(value_embeds=True),
+    'value_embeds_resformer_gqa': dict(variant='resformer_identity', value_embeds=True, n_kv_head=2),
+    'value_embeds_3_layers': dict(variant='resformer_identity', value_embeds=True, n_layer=3),
 }
 # The Sec. 4.4 ablations, with hand-picked λ rows (so a swapped λ1/λ2 or a wrong source shows) and GQA where it applies.
 MIXED = [(0, 1), (0.7, 0.6), (0.3, 0.9), (-0.4, 1.5)]
@@ -162,6 +166,10 @@ def naive_forward(state, cfg, idx):
         # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
         if p + 'attn.c_v.weight' in W:
             Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
+            if f'value_embeds.{n}.weight' in W:  # V_n += 3σ(x[:12] W_g) E_n[token], one gate per KV head
+                gate = 3 * torch.sigmoid(h[..., :12] @ W[p + 'attn.ve_gate.weight'].T)
+                table = heads(W[f'value_embeds.{n}.weight'][idx], H_kv)
+                Vn = [v + gate[..., j:j + 1] * e for j, (v, e) in enumerate(zip(Vn, table))]
             V = mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current') else Vn
         elif cfg.share_kv in ('v', 'kv') and n % 2 == 1:
             V = V_prev
@@ -340,6 +348,8 @@ REFERENCE_CASES = {
     'tied': dict(variant='resformer_identity', tie_embeddings=True),
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
     'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+    'value_embeds_resformer_gqa': EXTRA_CASES['value_embeds_resformer_gqa'],
+    'value_embeds_3_layers': EXTRA_CASES['value_embeds_3_layers'],
 } | {name: kw for name, kw in ABLATION_CASES.items() if kw.get('variant') not in VARIANTS or
      VARIANTS[kw['variant']].get('lambda_mode', 'fixed') == 'fixed'}
 
@@ -445,7 +455,7 @@ def test_incremental_decoding_matches_full_forward(case):
 
 
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa',
-                                  *ABLATION_CASES])
+                                  'value_embeds_resformer_gqa', *ABLATION_CASES])
 def test_greedy_generate_same_with_and_without_cache(case):
     """Greedy decoding gives the same tokens with and without the KV cache, also past block_size (16),
     where both crop the context to the last 16 tokens."""
@@ -505,6 +515,30 @@ def test_kv_cache_sizes():
     assert Fraction(cache_bytes(variant='svformer', n_head=8, residual_source=1), vanilla) == Fraction(L + 2, 2 * L)
     for kind in ('query', 'key', 'attention', 'hidden'):
         assert cache_bytes(variant='resformer_identity', n_head=8, residual_type=kind) == vanilla
+    # value embeddings enter V_n before it is cached: no extra cache
+    assert cache_bytes(variant='resformer_identity', n_head=8, value_embeds=True) == vanilla
+
+
+def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gates():
+    """value_embeds=False builds the same parameters from the same seed (so every existing run is unchanged);
+    True adds one vocab x kv_dim table and one 12 x n_kv_head gate per layer 2 and 4 of 4 (nanochat's
+    alternating placement, from the last layer), and the gates start in (0, 0.02) so 3σ starts just above 1.5."""
+    before, after = tiny_model(variant='resformer_identity'), tiny_model(variant='resformer_identity', value_embeds=False)
+    assert all(torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
+    torch.manual_seed(0)
+    model = GPT(tiny_config(variant='resformer_identity', n_kv_head=2, value_embeds=True))
+    plain, kv_dim = GPT(tiny_config(variant='resformer_identity', n_kv_head=2)), 2 * 8
+    assert sorted(model.value_embeds) == ['1', '3']
+    assert model.num_params() - plain.num_params() == 2 * (64 * kv_dim + 12 * 2)
+    assert model.num_params(exclude_embedding=True) == plain.num_params(exclude_embedding=True) + 2 * 12 * 2
+    gates = [b.attn.ve_gate.weight for b in model.blocks if b.attn.ve_gate is not None]
+    assert len(gates) == 2 and all(0 <= g.min() and g.max() <= 0.02 for g in gates)
+    # and they act: zeroing a table changes the logits
+    idx = random_tokens(model)
+    before_zero = logits_of(model, idx)
+    with torch.no_grad():
+        model.value_embeds['3'].weight.zero_()
+    assert (logits_of(model, idx) - before_zero).abs().max() > 1e-6
 
 
 # ----------------------------------------------------------------------------------- parameter counts
@@ -617,6 +651,24 @@ def test_configure_optimizers_decay_groups(kw):
 
 # -------------------------------------------------------------------------------------- analysis stats
 
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa', 'resformer_learnable_plus'])
+def test_general_attention_computes_the_paper_path_exactly(case):
+    """general_attention repeats CausalSelfAttention.forward with the ablations added: with none of them set it
+    gives the same logits, bit for bit, in a full forward and when decoding with the KV cache."""
+    model = tiny_model(**ALL_CASES[case])
+    idx = random_tokens(model)
+    paper = logits_of(model, idx)
+    cache = model.new_kv_cache(16)
+    paper_cached = torch.cat([logits_of(model, idx[:, :5], kv_cache=cache), logits_of(model, idx[:, 5:], kv_cache=cache)], 1)
+    for block in model.blocks:
+        assert not block.attn.general
+        block.attn.general = True
+    cache = model.new_kv_cache(16)
+    assert torch.equal(logits_of(model, idx), paper)
+    assert torch.equal(torch.cat([logits_of(model, idx[:, :5], kv_cache=cache),
+                                  logits_of(model, idx[:, 5:], kv_cache=cache)], 1), paper_cached)
+
+
 @pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer'])
 def test_stats_path_same_logits_and_fills_stats(case):
     """forward(stats={}) takes the explicit-softmax path: same logits, and it records per-layer causal
@@ -683,6 +735,8 @@ def test_generate_stop_token_stops_and_pads_finished_rows():
 # ---------------------------------------------------------------------------------------- bad configs
 
 BAD_CONFIGS = {
+    'value embeddings on SVFormer layers': dict(variant='svformer', value_embeds=True),
+    'value embeddings on CLA layers': dict(variant='cla', value_embeds=True),
     'n_embd not divisible by n_head': dict(n_embd=30, n_head=4),
     'n_head not divisible by n_kv_head': dict(n_kv_head=3),
     'odd head_dim': dict(n_embd=12, n_head=4),
@@ -793,7 +847,7 @@ def test_sequence_longer_than_block_size_raises():
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def save_checkpoint(model, path):
-    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
 
 
 def test_load_checkpoint_round_trip(tmp_path):
@@ -812,7 +866,7 @@ def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
     model = tiny_model(variant='resformer_identity', dtype=torch.float32)
     path = tmp_path / 'wrapped.pt'
     torch.save({'model': {'module._orig_mod.' + k: v for k, v in model.state_dict().items()},
-                'model_args': dataclasses.asdict(model.config)}, path)
+                'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
     loaded, _ = load_checkpoint(str(path))
     idx = random_tokens(model)
     assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
@@ -829,6 +883,12 @@ def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
     assert 'not a checkpoint written by train.py' in e.value.code
+    model = tiny_model(dtype=torch.float32)  # weights, but nothing to read text with (sample, eval, analyze need it)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
+    with pytest.raises(SystemExit) as e:
+        load_checkpoint(str(path))
+    assert e.value.code == (f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
+                            "point to a checkpoint written by train.py")
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(tmp_path / 'missing.pt'))
     assert 'python train.py' in e.value.code and '--' not in e.value.code

@@ -5,8 +5,10 @@ import hashlib
 import inspect
 import io
 import json
+import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import tarfile
@@ -281,7 +283,8 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     shards = sorted(os.listdir(out))
     assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"] and "val_00000.bin" in shards
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
-    assert len(sizes) == -(-meta["train_tokens"] // 3000) and set(sizes[:-1]) == {3000}
+    assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard, so it joins the last
+    assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
     assert not set(documents["train"]) & set(documents["val"])
     assert all(prepare.in_validation(doc, 0.1) for doc in documents["val"])
 
@@ -290,13 +293,106 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
                                              "--shard_tokens=3000", f"--out_dir={out}").stdout
 
 
+def test_a_short_last_shard_joins_the_one_before(tmp_path):
+    for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]), (6_000, [3000, 3000])]:
+        writer = prepare.ShardWriter(str(tmp_path), f"split{total}", 3000)
+        ids = np.arange(total) % 50257
+        for piece in np.array_split(ids, 7):
+            writer.write(piece)
+        writer.close()
+        assert list(writer.files.values()) == sizes and writer.max_token == ids.max()
+        written = [np.fromfile(tmp_path / name, dtype=np.uint16) for name in sorted(writer.files)]
+        assert [len(shard) for shard in written] == sizes and np.concatenate(written).tolist() == ids.tolist()
+
+
+def slimpajama_download(root, files, docs_per_file=40, seed=4):
+    """SlimPajama's layout as downloaded, small: {root}/{split}/chunk{c}/example_*_{i}.jsonl.zst for each
+    (split, c, i) in files, each record's text starting with its file's place, e.g. "train/chunk10/0 ..."."""
+    import zstandard
+    rng = random.Random(seed)
+    for split, chunk, i in files:
+        folder = root / split / f"chunk{chunk}"
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"text": f"{split}/chunk{chunk}/{i} {domain} {words(rng, rng.randint(5, 40))}",
+                             "meta": {"redpajama_set_name": domain}}) + "\n"
+                 for _ in range(docs_per_file // 7) for domain in prepare.SLIMPAJAMA_WEIGHTS]
+        name = f"example_{'train' if split == 'train' else 'holdout'}_{i}.jsonl.zst"
+        (folder / name).write_bytes(zstandard.ZstdCompressor().compress("".join(lines).encode()))
+
+
+def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
+    root = tmp_path / "SlimPajama-627B"
+    slimpajama_download(root, [("train", c, i) for c in (1, 2, 10) for i in (0, 1)] +
+                        [("validation", 1, 0), ("validation", 2, 0), ("test", 1, 0)], docs_per_file=70)
+    run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=4000", "--val_tokens=100000",
+                "--shard_tokens=1000", cwd=tmp_path)
+    out = tmp_path / "data" / "slimpajama_gpt2"  # the name the paper configs read, whatever --input is
+    meta = prepare.load_meta(str(out))
+    assert meta["split"] == "SlimPajama's validation split (validation/)"
+    enc = prepare.gpt2_encoding()
+    places = {split: [doc.split(" ")[0] for doc in enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]]
+              for split in ("train", "val")}
+    assert set(places["val"]) == {"validation/chunk1/0", "validation/chunk2/0"}
+    order = [f"train/chunk{c}/{i}" for c in (1, 2, 10) for i in (0, 1)]
+    assert places["train"][0] == order[0] and set(places["train"]) <= set(order)  # no validation or test text
+    assert [order.index(place) for place in places["train"]] == sorted(order.index(place) for place in places["train"])
+
+    config = os.path.join(REPO, "config", "resformer_82m.py")
+    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), config,
+                             "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2",
+                             "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_iters=1", "--warmup_iters=0",
+                             "--lr_decay_iters=2", "--device=cpu", "--compile=False", "--out_dir=out"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 2 and math.isfinite(log[-1]["val_loss"])
+
+
+def test_slimpajama_zst_problems_are_one_line(tmp_path, monkeypatch):
+    root = tmp_path / "download"
+    slimpajama_download(root, [("train", 1, 0)])
+    (root / "train" / "chunk1" / "example_train_1.jsonl.zst").write_bytes(b"not zstd at all")
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path, check=False),
+                   "example_train_1.jsonl.zst is not readable zstd data (", "download it again")
+    empty = tmp_path / "empty"
+    (empty / "train").mkdir(parents=True)
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={empty}", "--out_dir=out", cwd=tmp_path, check=False),
+                   f"no .jsonl or .jsonl.zst files in {empty}/train")
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['zstandard'] = None\n")  # not installed
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path, check=False),
+                   "`zstandard`", "requirements-data.txt")
+    result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)  # the hub route needs it too
+    assert result.returncode != 0 and result.stderr.count("\n") == 1 and "missing: zstandard" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["download", "empty", "sitecustomize.py"]
+
+
+def test_slimpajama_output_is_the_same_in_one_or_two_processes(tmp_path):
+    root = tmp_path / "download"
+    slimpajama_download(root, [("train", c, i) for c in (1, 2) for i in range(4)])
+    outputs = []
+    for num_proc in (1, 2):
+        out = tmp_path / f"out{num_proc}"
+        run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=1000", "--val_tokens=100",
+                    "--shard_tokens=300", f"--out_dir={out}", f"--num_proc={num_proc}")
+        outputs.append({name: content for name, (content, _) in snapshot(out).items()})
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 4
+    train = prepare.gpt2_encoding().decode(tokens(tmp_path / "out1", "train").tolist())
+    assert "train/chunk1/0 " in train and "train/chunk2/3 " not in train  # the quotas filled before the last file
+
+
 FAKE_DATASETS = """
 import json, os
+
+class DatasetNotFoundError(Exception):
+    pass
 
 def load_dataset(path, split, streaming):
     assert path == "cerebras/SlimPajama-627B" and streaming
     if os.environ.get("FAKE_HUB_DOWN"):
         raise ConnectionError("no network")
+    if os.environ.get("FAKE_HUB_GATED"):
+        raise DatasetNotFoundError("Dataset 'cerebras/SlimPajama-627B' is a gated dataset on the Hub.\\nLog in.")
     with open(os.path.join(os.environ["FAKE_HUB"], split + ".jsonl")) as f:
         return [json.loads(line) for line in f]
 """
@@ -322,10 +418,19 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
         docs = enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]
         assert docs and all(doc.startswith(source_split + " ") for doc in docs)
 
+    monkeypatch.setenv("FAKE_HUB_GATED", "1")  # not the network: say what failed, and no "check the network"
+    result = run_prepare("--dataset=slimpajama", "--out_dir=gated", cwd=tmp_path, check=False)
+    one_line_error(result)
+    assert result.stderr.endswith(
+        "prepare.py: streaming cerebras/SlimPajama-627B (train) failed: DatasetNotFoundError: Dataset "
+        "'cerebras/SlimPajama-627B' is a gated dataset on the Hub.; pass local SlimPajama files with --input=PATH\n")
     monkeypatch.setenv("FAKE_HUB_DOWN", "1")
     result = run_prepare("--dataset=slimpajama", "--out_dir=down", cwd=tmp_path, check=False)
     message = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and "ConnectionError" in message and "--input" in message
+    assert message.endswith("failed: ConnectionError: no network; check the network, or pass local SlimPajama files "
+                            "with --input=PATH")
+    assert not glob.glob(str(tmp_path / "*down*")) and not glob.glob(str(tmp_path / "*gated*"))  # nor lock files
 
 
 def test_slimpajama_without_datasets_suggests_input(tmp_path, monkeypatch):
@@ -407,6 +512,85 @@ def test_a_rerun_with_fewer_shards_leaves_no_old_ones(prepared):
     (tmp_path / "corpus.txt").write_text("new text\n" * 50)
     run_prepare("--input=corpus.txt", cwd=tmp_path)
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_rerun_keeps_other_files(prepared):
+    tmp_path, out, _ = prepared
+    theirs = {"valuable.bin": b"mine", "training_raw.bin": b"raw", "train_copy.bin": b"copy", "notes.txt": b"n"}
+    for name, content in theirs.items():
+        (out / name).write_bytes(content)
+    (tmp_path / "corpus.txt").write_text("new text\n" * 50)
+    run_prepare("--input=corpus.txt", cwd=tmp_path)
+    assert sorted(os.listdir(out)) == sorted(["meta.json", "train.bin", "val.bin", *theirs])
+    assert all((out / name).read_bytes() == content for name, content in theirs.items())
+
+
+def start_prepare(*args, cwd):
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "prepare.py"), "--num_proc=1", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def holding_the_lock(run, lock_path):
+    """Stop `run` (SIGSTOP) as soon as it holds lock_path; it reads its input first, then takes the lock."""
+    while not os.path.exists(lock_path):
+        assert run.poll() is None, run.communicate()
+    run.send_signal(signal.SIGSTOP)
+    return run
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
+    (tmp_path / "big.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(100_000)))
+    (tmp_path / "other.txt").write_text("other text\n" * 50)
+    first = holding_the_lock(start_prepare("--input=big.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    second = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), "--input=other.txt", "--out_dir=pp"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait() == 0, first.communicate()
+    assert second.stderr == f"prepare.py: another prepare.py is writing pp (it holds {tmp_path}/.pp.lock); wait for " \
+                            f"it to finish, or pass another --out_dir\n" and second.returncode == 1
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]  # no lock file left
+
+    # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
+    before = snapshot(tmp_path / "pp")
+    killed = holding_the_lock(start_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    killed.kill()
+    killed.wait()
+    assert snapshot(tmp_path / "pp") == before
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
+    assert sorted(os.listdir(tmp_path / "pp")) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]
+
+
+def test_pipes_are_not_read(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("".join(f"line {i}\n" for i in range(100)))
+    os.mkfifo(corpus / "d.txt")
+    run_prepare(f"--input={corpus}", "--out_dir=out", cwd=tmp_path)
+    assert prepare.load_meta(str(tmp_path / "out"))["train_works"] == ["a.txt[:710]"]
+    result = run_prepare(f"--input={corpus / 'd.txt'}", "--out_dir=fifo", cwd=tmp_path, check=False)
+    one_line_error(result, "d.txt is not a file or a folder")
+    assert not os.path.exists(tmp_path / "fifo")
+
+
+def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch):
+    tmp_path, out, before = prepared
+
+    def full_disk(path, mode="r", **kwargs):  # .bin files go to /dev/full, which refuses every write: ENOSPC
+        return open("/dev/full" if path.endswith(".bin") else path, mode, **kwargs)
+
+    monkeypatch.setattr(prepare, "open", full_disk, raising=False)  # prepare.py's open, not the builtin
+    (tmp_path / "corpus.txt").write_text("other text\n" * 30)
+    for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
+        with pytest.raises(SystemExit) as error:
+            prepare.main([f"--input={tmp_path / 'corpus.txt'}", f"--out_dir={out_dir}", "--num_proc=1"])
+        assert error.value.code == (f"prepare.py: cannot write {out_dir}/.partial/train.bin (No space left on device); "
+                                    f"free space or pass another --out_dir")
+    assert snapshot(out) == before  # the prepared folder as it was, no .partial
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "data"]  # no new/deeper/, no lock file
+    assert sorted(os.listdir(tmp_path / "data")) == ["corpus_char"]
 
 
 def test_few_uneven_files_are_split_by_token_share(tmp_path):

@@ -1,14 +1,24 @@
 """reproduce.py without training: its statistics and reports on synthetic runs, and the runner's skip/resume logic."""
 import json
 import math
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import reproduce
-from reproduce import crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
+from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
+
+
+@pytest.fixture(autouse=True)
+def probe(monkeypatch):
+    """The probe trains a tiny model; here every summary's code counts as today's unless a test says otherwise."""
+    monkeypatch.setattr(reproduce, 'probe', lambda settings: [4.0, 3.9, 3.8, 3.7])
 
 
 def test_statistics():
@@ -31,7 +41,7 @@ def test_statistics():
 
 def summary(settings, final, curve, params, kv=2048, lambdas=None, grads=None):
     return {'settings': settings, 'curve': curve, 'final_val_loss': final, 'params': params, 'kv_bytes_per_token': kv,
-            'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0}
+            'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0, 'commit': 'abc', 'probe': [4.0, 3.9, 3.8, 3.7]}
 
 
 def write_summaries(results_dir, suite, make):
@@ -95,24 +105,37 @@ def test_learned_lambdas_are_reported_per_layer(tmp_path):
     assert '| resformer_learnable | 0.00, 1.00 | 0.20, 0.80 | 0.60, 0.40 | 1.00, 0.30 |' in report
 
 
-def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
-    """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
+def fake_training(monkeypatch):
+    """Replace train.py by a stand-in that writes a finished run's log and checkpoint; returns the commands it gets."""
     commands = []
 
-    def fake_train(command, cwd, env, stdout, stderr):
+    def fake_train(command, env, stdout):
         commands.append(command)
         out_dir = Path(next(a for a in command if a.startswith('--out_dir=')).split('=', 1)[1])
         (out_dir / 'log.jsonl').write_text(json.dumps({'step': 600, 'val_loss': 2.0}) + '\n')
         torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
-        return subprocess.CompletedProcess(command, 0)
-    monkeypatch.setattr(reproduce.subprocess, 'run', fake_train)
+        return 0
+    monkeypatch.setattr(reproduce, 'train', fake_train)
+    return commands
+
+
+def trained_runs(commands):
+    """(run folder name, resumed?) for each command the stand-in got."""
+    return [(Path(next(a for a in c if a.startswith('--out_dir=')).split('=', 1)[1]).name, '--init_from=resume' in c)
+            for c in commands]
+
+
+def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
+    """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
+    commands = fake_training(monkeypatch)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:3]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     finished, interrupted, killed = (name for _, name, _ in runs)
     (results / 'runs').mkdir(parents=True)
-    (results / 'runs' / f'{finished}.json').write_text('{}')
+    (results / 'runs' / f'{finished}.json').write_text(json.dumps(summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)))
     (runs_dir / interrupted).mkdir(parents=True)
     (runs_dir / interrupted / 'ckpt.pt').write_bytes(b'a checkpoint')
+    (runs_dir / interrupted / 'probe.json').write_text('[4.0, 3.9, 3.8, 3.7]')  # started by today's code
     (runs_dir / killed).mkdir(parents=True)
     (runs_dir / killed / 'log.jsonl').write_text('{"step": 0, "val_loss": 4.0}\n')
 
@@ -132,6 +155,135 @@ def test_run_names_identify_settings():
     names = {name for suite in reproduce.SUITES for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
-    assert len(names) == len(settings) == 87
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3  # depth: 7 new groups; value_embed: 2 x 3 new
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
+
+
+def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tmp_path, monkeypatch, capsys):
+    """A summary whose probe differs from today's code's (or that has none) is stale: reported, kept, and retrained
+    only with retrain=True. A truncated summary is unreadable and retrained anyway. A run folder started by other
+    code is trained afresh, not resumed."""
+    commands = fake_training(monkeypatch)
+    runs = reproduce.suite_runs('variants', 'cpu', [1337])[:4]
+    results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
+    (results / 'runs').mkdir(parents=True)
+    names = [name for _, name, _ in runs]
+    good = summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)
+    for name, content in zip(names, [good, good | {'probe': [4.0, 3.9, 3.8, 3.6]}, {k: v for k, v in good.items() if k != 'probe'}]):
+        (results / 'runs' / f'{name}.json').write_text(json.dumps(content))
+    (results / 'runs' / f'{names[3]}.json').write_text(json.dumps(good)[:40])  # cut short
+    (runs_dir / names[3]).mkdir(parents=True)
+    (runs_dir / names[3] / 'ckpt.pt').write_bytes(b'from other code')
+    (runs_dir / names[3] / 'probe.json').write_text('[9.0, 9.0, 9.0, 9.0]')
+    states = [reproduce.summary_state(results / 'runs' / f'{n}.json', s) for _, n, s in runs]
+    assert states == ['done', 'stale', 'stale', 'unreadable']
+
+    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
+    assert trained_runs(commands) == [(names[3], False)]  # the unreadable one only, from scratch: its checkpoint was other code's
+    assert '3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)' in capsys.readouterr().out
+    assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept
+    report = reproduce.write_report('variants', 'cpu', [1337], results).read_text()
+    assert '2 of 9 runs are in the tables, trained by commit abc (1), ' in report
+    assert '**2 more were made by code that trains differently' in report
+    with_runs = [line.split(' | ')[0][2:] for line in report.splitlines() if line.startswith('| ') and ' | 1 | ' in line]
+    assert with_runs == ['vanilla', 'resformer_sparse']  # the stale identity and constant runs are left out
+    commands.clear()
+    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1, retrain=True) == {}
+    assert sorted(trained_runs(commands)) == sorted([(names[1], False), (names[2], False)])
+    summaries = [json.loads((results / 'runs' / f'{n}.json').read_text()) for n in names[1:3]]
+    assert all(s['probe'] == [4.0, 3.9, 3.8, 3.7] and s['commit'] for s in summaries)
+
+
+def test_a_run_another_process_trains_is_skipped(tmp_path, monkeypatch):
+    """reproduce.py locks each run it trains: a second reproduce.py (say `variants` beside `kv`, which share runs)
+    skips it instead of starting a second writer on the same folder."""
+    monkeypatch.setattr(reproduce, 'train', lambda *a: pytest.fail('trained a run another process holds'))
+    runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
+    (tmp_path / 'runs').mkdir()
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); '
+                               'fcntl.flock(f, fcntl.LOCK_EX); print("locked", flush=True); time.sleep(60)',
+                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        failures = reproduce.run_suite(runs, tmp_path / 'runs', tmp_path / 'results', gpus=0, jobs=1)
+        assert failures == {runs[0][1]: 'skipped: another reproduce.py is training it'}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGKILL])
+def test_children_end_with_reproduce(tmp_path, signum):
+    """SIGTERM to reproduce.py passes on to its train.py (which saves and stops); SIGKILL of reproduce.py reaches
+    it too (Linux's parent-death signal). Either way no trainer is left running on the run's folder."""
+    (tmp_path / 'child.py').write_text(f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+                                       "time.sleep(120)\n")
+    script = tmp_path / 'driver.py'
+    script.write_text(f"""import signal, sys
+sys.path.insert(0, {str(REPO)!r})
+import reproduce
+reproduce.probe = lambda settings: [1.0]
+reproduce.train_command = lambda settings, out_dir, resume: [sys.executable, {str(tmp_path / 'child.py')!r}]
+signal.signal(signal.SIGTERM, reproduce.stop)  # as main() does
+runs = reproduce.suite_runs('variants', 'cpu', [1337])[:2]
+print(reproduce.run_suite(runs, reproduce.Path({str(tmp_path / 'runs')!r}), reproduce.Path({str(tmp_path / 'results')!r}),
+                          0, 1), flush=True)
+""")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / 'child.pid'
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and driver.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    driver.send_signal(signum)
+    out, _ = driver.communicate(timeout=60)
+    for _ in range(100):  # the child ends within seconds
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail('train.py outlived reproduce.py')
+    if signum == signal.SIGTERM:  # and the second run never started
+        assert "'not started: reproduce.py was stopped'" in out
+
+
+def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
+    """A --results_dir that is a file stops at once; one outside the repository works (the report path is printed
+    whole)."""
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(['variants', f'--results_dir={tmp_path / "file"}', '--report_only'])
+    assert str(stop.value) == f"reproduce.py: --results_dir={tmp_path / 'file'} is a file, not a folder; pick another --results_dir"
+    reproduce.main(['kv', f'--results_dir={tmp_path / "elsewhere"}', '--report_only', '--seeds=1'])
+    assert f"wrote {tmp_path / 'elsewhere' / 'kv' / 'README.md'}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(['bogus'])
+    assert 'unknown suite' in str(stop.value)
+
+
+def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypatch):
+    """analyze.py runs on the suite's checkpoints (document starts, the suite's sequence length) only when all of
+    them are there, and not again once its metrics are written."""
+    calls = []
+    monkeypatch.setattr(reproduce.subprocess, 'run', lambda command, cwd: calls.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    runs = reproduce.suite_runs('depth', 'cpu', [1337])
+    for _, name, _ in runs[:-1]:
+        (tmp_path / 'runs' / name).mkdir(parents=True)
+        (tmp_path / 'runs' / name / 'ckpt.pt').write_bytes(b'x')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert calls == []  # one run still training
+    (tmp_path / 'runs' / runs[-1][1]).mkdir()
+    (tmp_path / 'runs' / runs[-1][1] / 'ckpt.pt').write_bytes(b'x')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert len(calls) == 1 and calls[0][-3:] == ['--seq_len=128', '--num_seqs=4', f"--out={tmp_path / 'depth' / 'analysis'}"]
+    assert len(calls[0]) == 2 + len(runs) + 3
+    (tmp_path / 'depth' / 'analysis').mkdir(parents=True)
+    (tmp_path / 'depth' / 'analysis' / 'metrics.json').write_text('{}')
+    reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
+    assert len(calls) == 1

@@ -68,6 +68,12 @@ def runs(tmp_path_factory):
     (root / 'truncated').mkdir()
     data = (root / 'vanilla' / 'ckpt.pt').read_bytes()
     (root / 'truncated' / 'ckpt.pt').write_bytes(data[:len(data) // 2])
+    checkpoint = torch.load(root / 'vanilla' / 'ckpt.pt', weights_only=True)
+    (root / 'no_meta').mkdir()
+    torch.save({k: v for k, v in checkpoint.items() if k != 'data_meta'}, root / 'no_meta' / 'ckpt.pt')
+    (root / 'nan').mkdir()
+    checkpoint['model']['lm_head.weight'][0, 0] = float('nan')
+    torch.save(checkpoint, root / 'nan' / 'ckpt.pt')
     return root
 
 
@@ -86,10 +92,9 @@ def sample(out_dir, *args):
 
 
 def samples_of(stdout):
-    """The printed samples, without configurator's 'Overriding' lines."""
-    text = ''.join(line for line in stdout.splitlines(keepends=True) if not line.startswith('Overriding: '))
-    assert text.endswith('\n---------------\n')
-    return text.split('\n---------------\n')[:-1]
+    """The printed samples: stdout holds them alone (configurator's 'Overriding' lines go to stderr)."""
+    assert stdout.endswith('\n---------------\n')
+    return stdout.split('\n---------------\n')[:-1]
 
 
 def kv_line(stderr):
@@ -158,6 +163,10 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--temperature=-1'], ['temperature']),
     ('vanilla', ['--top_k=0'], ['top_k']),
     ('vanilla', ['--num_samples=0'], ['num_samples']),
+    ('vanilla', ['--start=the ', '--temperature=1e-40'], ['temperature=1e-40', 'use 0 for greedy']),
+    ('vanilla', ['--start=the ', '--seed=99999999999999999999999'], ['seed=99999999999999999999999', '2**64 - 1']),
+    ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
+    ('nan', ['--start=the '], ['nan/ckpt.pt has NaN or infinite weights']),
 ])
 def test_bad_input_exits_with_one_line(runs, run, args, words):
     with pytest.raises(SystemExit) as exit:
@@ -174,11 +183,15 @@ def test_command_line(runs):
                               capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
     result = cli('svformer', *GREEDY)
     assert result.returncode == 0, result.stderr
-    assert samples_of(result.stdout)[0].startswith('the quick brown fox jumps')
+    # stdout is exactly the text: the 9-character prompt, 60 characters, the separator line
+    assert result.stdout.startswith('the quick brown fox jumps') and len(result.stdout) == 9 + 60 + 17
+    assert samples_of(result.stdout) == [result.stdout[:69]]
+    assert "Overriding: temperature = 0.0\n" in result.stderr
     assert kv_line(result.stderr)[2] == 66.7
     result = cli('missing', *GREEDY)
-    assert result.returncode == 1 and result.stdout.startswith('Overriding')
-    assert result.stderr.count('\n') == 1 and 'missing/ckpt.pt not found' in result.stderr
+    *overrides, error = result.stderr.splitlines()
+    assert (result.returncode, result.stdout) == (1, '') and 'missing/ckpt.pt not found' in error
+    assert len(overrides) == 5 and all(line.startswith('Overriding: ') for line in overrides)
 
 
 # pick_device (model.py) turns these into one line; until that fix is in this branch, these fail with a traceback

@@ -52,7 +52,8 @@ log_grad_norms = False  # also log every parameter's gradient norm (before clipp
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
 gradient_accumulation_steps = 1  # the global batch per optimizer step is gradient_accumulation_steps x batch_size
-batch_size = 16  # sequences, whatever the number of ranks; also the most sequences one forward pass takes
+batch_size = 16  # sequences, whatever the number of ranks
+micro_batch_size = None  # most sequences one forward pass takes; None = batch_size. Lower it to fit memory: the step is unchanged
 block_size = 128  # tokens per sequence: the context length T
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer, resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
@@ -74,6 +75,7 @@ value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (laye
 neutreno_lambda = 0.0  # NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n); 0 = off
 denseformer = False  # DenseFormer baseline: each block's input a learned average of all earlier outputs
 share_kv = 'none'  # cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
+value_embeds = False  # nanochat's value embeddings: every other layer adds a gated token table to its values
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
 max_iters = 600
@@ -97,12 +99,13 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_') and isin
 # dense bf16 TFLOP/s by GPU name, for MFU; say which one is used so the figure can be checked
 PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0, '4090': 165.0, 'V100': 125.0}
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
-# The settings a resumed run may change: where it writes and what it reports, the device it runs on, and where
-# it stops (max_iters, on purpose). Every other one shapes the batches, the update or the numbers the run
-# compares (eval_iters: best_val_loss), so it must match the checkpoint's; so must the data (its meta.json).
+# The settings a resumed run may change: where it writes and what it reports, the device it runs on and the
+# memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every other
+# one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss), so it must
+# match the checkpoint's; so must the data (its meta.json).
 MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'eval_interval', 'log_interval', 'eval_only',
                         'wandb_log', 'wandb_project', 'wandb_run_name', 'log_grad_norms', 'dataset', 'data_dir',
-                        'max_iters', 'device', 'compile', 'peak_tflops')
+                        'max_iters', 'device', 'compile', 'peak_tflops', 'micro_batch_size')
 
 
 def micro_batches(global_batch, world_size, rank, batch_size):
@@ -346,7 +349,7 @@ def duration(seconds):
 
 # -----------------------------------------------------------------------------
 # the type of each setting whose default is None, which configure cannot read off the default
-none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool}
+none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool, 'micro_batch_size': int}
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], types=none_default_types,
                            script=__file__, verbose=os.environ.get('RANK', '0') == '0'))
 config = {k: globals()[k] for k in config_keys}  # what this run used, for the log and the checkpoint
@@ -357,6 +360,7 @@ for ok, problem in [
     (init_from in ('scratch', 'resume'), f"init_from={init_from!r}; use 'scratch' or 'resume'"),
     (not (overwrite and init_from == 'resume'), "overwrite=True starts over and init_from='resume' continues; pick one"),
     (batch_size >= 1, f"batch_size={batch_size}; use 1 or more sequences"),
+    (micro_batch_size is None or micro_batch_size >= 1, f"micro_batch_size={micro_batch_size}; use 1 or more sequences"),
     (block_size >= 1, f"block_size={block_size}; use 1 or more tokens"),
     (gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={gradient_accumulation_steps}; use 1 or more"),
     (max_iters >= 0, f"max_iters={max_iters}; use 0 (evaluate only) or more steps"),
@@ -393,7 +397,7 @@ if ddp and device.startswith('cuda'):
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 ptdtype = pick_dtype(dtype, device_type)
 global_batch = gradient_accumulation_steps * batch_size
-rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, batch_size)
+rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, micro_batch_size or batch_size)
 rank_share = rank_micro_batches[-1][1] - rank_micro_batches[0][0]
 tokens_per_iter = global_batch * block_size
 
@@ -432,8 +436,7 @@ except (TypeError, ValueError) as e:
 iter_num, best_val_loss, saved_step, checkpoint = 0, float('inf'), None, None
 if init_from == 'resume':
     raw_model, checkpoint = load_checkpoint(ckpt_path)
-    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config', 'data_meta')
-               if key not in checkpoint]
+    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config') if key not in checkpoint]
     if missing:
         raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed exactly; "
                          f"start over with --overwrite=True")
@@ -523,8 +526,8 @@ if ddp:  # compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's 
     model = torch.compile(ddp_model) if compiled else ddp_model
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = {global_batch} "
-          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to {batch_size}; "
-          f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
+          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to "
+          f"{micro_batch_size or batch_size}; {tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
     print(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
           f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 peak = peak_tflops or next((tflops for name, tflops in PEAK_TFLOPS.items()

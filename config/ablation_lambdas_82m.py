@@ -30,6 +30,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[0,1],[0,1],[2,1],[2,1],[2,1]]' --out_dir=out/sec4.4_sparse6-8_l2
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[0,1],[0,1],[2,1],[2,1],[2,1]]' --value_rescale=True --out_dir=out/sec4.4_sparse6-8_l2_rescaled
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[0,1],[0,1],[5,1],[5,1],[5,1]]' --value_rescale=True --out_dir=out/sec4.4_sparse6-8_l5_rescaled
+# Memory: micro_batch_size = 32 sequences of 2048 tokens per GPU, about 45-60 GB (paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_sparse'

@@ -5,6 +5,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=resformer_identity --out_dir=out/sec4.4_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=resformer_identity --residual_source=1 --out_dir=out/sec4.4_identity_from_v2
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=resformer_learnable_plus --residual_source=1 --out_dir=out/sec4.4_plus_from_v2
+# Memory: micro_batch_size = 32 sequences of 2048 tokens per GPU, about 45-60 GB (paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_identity'

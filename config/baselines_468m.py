@@ -15,6 +15,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_identity --out_dir=out/sec4.2_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_learnable --out_dir=out/sec4.2_resformer_learnable
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_learnable_plus --out_dir=out/sec4.2_resformer_learnable_plus
+# Memory: micro_batch_size = 8 sequences of 2048 tokens per GPU, about 41-51 GB (16 would need 73-92 GB; paper_recipe.py
+# says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_identity'
@@ -22,3 +24,4 @@ variant = 'resformer_identity'
 n_layer = 24
 n_head = 16
 n_embd = 1024
+micro_batch_size = 8  # 16 micro-steps per GPU on 8 GPUs; the step is the recipe's

@@ -9,6 +9,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_180m.py --variant=vanilla --out_dir=out/fig2_vanilla_180m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_180m.py --variant=resformer_identity --out_dir=out/fig2_resformer_180m
 # Any other variant the same way (e.g. --variant=svformer).
+# Memory: micro_batch_size = 16 sequences of 2048 tokens per GPU, about 36-45 GB (32 would need 68-85 GB; paper_recipe.py
+# says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/fig2_resformer_180m'
@@ -16,3 +18,4 @@ variant = 'resformer_identity'
 n_layer = 12
 n_head = 12
 n_embd = 768  # SwiGLU hidden defaults to 3.5 x n_embd = 2688
+micro_batch_size = 16  # 8 micro-steps per GPU on 8 GPUs; the step is the recipe's

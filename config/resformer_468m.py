@@ -9,6 +9,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_468m.py --variant=vanilla --out_dir=out/fig2_vanilla_468m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_468m.py --variant=resformer_identity --out_dir=out/fig2_resformer_468m
 # Any other variant the same way (e.g. --variant=svformer).
+# Memory: micro_batch_size = 8 sequences of 2048 tokens per GPU, about 41-51 GB (16 would need 73-92 GB; paper_recipe.py
+# says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/fig2_resformer_468m'
@@ -16,3 +18,4 @@ variant = 'resformer_identity'
 n_layer = 24
 n_head = 16
 n_embd = 1024  # SwiGLU hidden defaults to 3.5 x n_embd = 3584
+micro_batch_size = 8  # 16 micro-steps per GPU on 8 GPUs; the step is the recipe's

@@ -9,6 +9,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla --out_dir=out/fig2_vanilla_82m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=resformer_identity --out_dir=out/fig2_resformer_82m
 # Any other variant the same way (e.g. --variant=svformer).
+# Memory: micro_batch_size = 32 sequences of 2048 tokens per GPU, about 45-60 GB (paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/fig2_resformer_82m'

@@ -43,6 +43,9 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=custom --n_kv_head=4 --block_size=65536 --batch_size=1 --out_dir=out/sec4.6_gqa_T65536
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=cla --block_size=65536 --batch_size=1 --out_dir=out/sec4.6_cla_T65536
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=svformer --n_kv_head=4 --block_size=65536 --batch_size=1 --out_dir=out/sec4.6_svformer_gqa_T65536
+# Memory: micro_batch_size = batch_size, so each GPU takes 65,536 tokens per forward pass at every length (32 x 2048
+# ... 1 x 65,536), about 45-60 GB: fused (flash) attention keeps memory linear in the length (paper_recipe.py says
+# how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.6_svformer_T2048'
@@ -50,3 +53,4 @@ variant = 'svformer'
 n_layer = 8
 n_head = 8
 n_embd = 512
+micro_batch_size = None  # = batch_size: 65,536 tokens per GPU and forward pass
