@@ -8,8 +8,8 @@ or data-parallel on N devices, with the same global batch (and the same result) 
 
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py
 
-An out_dir that holds a run is continued with --init_from=resume or replaced with --overwrite=True; Ctrl-C saves a
-checkpoint at the step it stops, to resume from.
+An out_dir that holds a run is continued with --init_from=resume or replaced with --overwrite=True; Ctrl-C or
+SIGTERM (a scheduler's) saves a checkpoint at the step it stops, to resume from; one run at a time writes to it.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
