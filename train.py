@@ -612,8 +612,9 @@ try:
             steps_timed += 1
             progress.update(1)
             if logging_now:
-                if ddp:
-                    torch.distributed.all_reduce(train_loss, op=torch.distributed.ReduceOp.AVG)
+                if ddp:  # the mean over ranks (gloo has no ReduceOp.AVG in older torch, 2.5.1 say)
+                    torch.distributed.all_reduce(train_loss)
+                    train_loss /= ddp_world_size
                 tokens_per_sec = tokens_per_iter * steps_timed / (time.time() - t_log)
                 t_log, steps_timed = time.time(), 0
                 record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
