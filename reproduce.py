@@ -208,12 +208,13 @@ def probe(settings):
 
 
 def commit():
-    """HEAD's commit, marked -dirty when tracked files differ from it; 'unknown' outside a git checkout."""
+    """HEAD's commit, marked -dirty when tracked code differs from it (not results/, which suites write to);
+    'unknown' outside a git checkout."""
     try:
         head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!results'],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return 'unknown'
     return head + ('-dirty' if dirty else '')
