@@ -150,6 +150,9 @@ def group_runs(models):
     for path, (model, checkpoint) in models.items():
         settings = {k: v for k, v in checkpoint.get('config', {}).items() if k not in RUN_KEYS}
         setups[path] = {**settings, **checkpoint['model_args'], 'iter_num': checkpoint.get('iter_num')}
+    # a setting that a later train.py added is missing from older checkpoints: it tells no run apart
+    shared = set.intersection(*(set(setup) for setup in setups.values()))
+    setups = {path: {k: v for k, v in setup.items() if k in shared} for path, setup in setups.items()}
     groups = {}  # setup as JSON -> paths
     for path, setup in setups.items():
         groups.setdefault(json.dumps(setup, sort_keys=True, default=str), []).append(path)

@@ -193,6 +193,20 @@ def test_groups_of_one_variant_are_named_by_what_differs(runs):
         assert list(json.load(f)['groups']) == ['vanilla (learning_rate=0.001)', 'vanilla (learning_rate=0.01)']
 
 
+def test_a_setting_added_by_a_later_train_py_does_not_split_a_group(runs):
+    """Seeds of one run trained by train.py versions with and without a newer setting (its config and model_args
+    have keys the older lack) still form one group: a missing setting tells no run apart."""
+    checkpoint = torch.load(runs / 'vanilla_2' / 'ckpt.pt', weights_only=True)
+    checkpoint['config'] = dict(checkpoint['config'], micro_batch_size=None)
+    checkpoint['model_args'] = dict(checkpoint['model_args'], value_embeds=False)
+    (runs / 'vanilla_newer').mkdir(exist_ok=True)
+    torch.save(checkpoint, runs / 'vanilla_newer' / 'ckpt.pt')
+    result = analyze(runs, 'vanilla_1', 'vanilla_newer', '--num_seqs=1', '--out=newer')
+    assert result.returncode == 0, result.stderr
+    with open(runs / 'newer' / 'metrics.json') as f:
+        assert list(json.load(f)['groups']) == ['vanilla']
+
+
 def one_line_error(result, *words):
     assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
     message = result.stderr.splitlines()[-1]
