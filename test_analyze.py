@@ -204,7 +204,8 @@ def test_a_setting_added_by_a_later_train_py_does_not_split_a_group(runs):
     result = analyze(runs, 'vanilla_1', 'vanilla_newer', '--num_seqs=1', '--out=newer')
     assert result.returncode == 0, result.stderr
     with open(runs / 'newer' / 'metrics.json') as f:
-        assert list(json.load(f)['groups']) == ['vanilla']
+        groups = json.load(f)['groups']
+    assert list(groups) == ['vanilla'] and len(groups['vanilla']['runs']) == 2
 
 
 def one_line_error(result, *words):
