@@ -156,7 +156,8 @@ def train_command(settings, out_dir, resume):
 
 
 def end_with_parent():
-    """In the child, before exec: Linux sends it SIGTERM (train.py saves and stops) if reproduce.py dies, even by SIGKILL."""
+    """In the child, before exec: Linux sends it SIGTERM (train.py saves and stops) if reproduce.py dies,
+    even by SIGKILL."""
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -239,7 +240,8 @@ def summary_state(path, settings):
 def run_one(settings, run_dir, summary_path, env):
     """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it), then write its summary."""
     started_by = run_dir / 'probe.json'  # the probe of the code that started the checkpoint
-    resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() and json.loads(started_by.read_text()) == probe(settings)
+    resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() \
+        and json.loads(started_by.read_text()) == probe(settings)
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # killed before its first checkpoint, or trained by other code: nothing to keep
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +284,8 @@ def summarize(run_dir, settings, seconds):
             'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]} if grads else None,
             # layer 1's W_V and W_O at every logged step, for the ratios early and late in training
             'layer1_grad_norms': [[r['step'], r['grad_norms'].get('blocks.0.attn.c_v.weight'),
-                                   r['grad_norms'].get('blocks.0.attn.c_proj.weight')] for r in records if 'grad_norms' in r],
+                                   r['grad_norms'].get('blocks.0.attn.c_proj.weight')]
+                                  for r in records if 'grad_norms' in r],
             'seconds': seconds}
 
 
@@ -654,8 +657,8 @@ def plot_deltas(suite, groups, out_dir, plt):
                  if seed in base['seeds']]
         if label == group['baseline'] or not pairs:
             continue
-        curves = [[[s, loss - dict(map(tuple, b['curve']))[s]] for s, loss in r['curve'] if s in dict(map(tuple, b['curve']))]
-                  for r, b in pairs]
+        curves = [[[s, loss - dict(map(tuple, b['curve']))[s]] for s, loss in r['curve']
+                   if s in dict(map(tuple, b['curve']))] for r, b in pairs]
         steps = [s for s, _ in mean_curve(curves)][1:]  # from the first evaluation after step 0
         stats = [mean_std([dict(map(tuple, c))[s] for c in curves]) for s in steps]
         line, = ax.plot(steps, [m for m, _ in stats], label=label, lw=1.2)
@@ -696,10 +699,12 @@ def write_report(suite, scale, seeds, results_dir):
              f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` from the run "
              f"summaries in `results/runs/`. Shared settings: " + ', '.join(f'{k}={v}' for k, v in base.items()) +
              f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the same seed and "
-             "settings; 'minutes' is wall time summed over the group's runs.", '', provenance(suite, scale, seeds, results_dir),
+             "settings; 'minutes' is wall time summed over the group's runs.", '',
+             provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
-    lines += {'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}.get(suite, lambda g: [])(groups)
+    extra = {'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}
+    lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
     return out_dir / 'README.md'
@@ -755,7 +760,8 @@ def main(argv=None):
         runs = suite_runs(suite, args.scale, seeds)
         if args.dry_run:
             for label, name, settings in runs:
-                print(f"{summary_state(results_dir / 'runs' / f'{name}.json', settings):10s} {suite}: {label}  ({name})")
+                state = summary_state(results_dir / 'runs' / f'{name}.json', settings)
+                print(f"{state:10s} {suite}: {label}  ({name})")
             continue
         if not args.report_only:
             print(f"suite {suite} ({args.scale}):")
