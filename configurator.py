@@ -42,7 +42,8 @@ def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None
     types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
     script: the caller's file (__file__); --help reads its comments.
     verbose: print an 'Overriding: key = value' line per override, to log_to (None = stdout)."""
-    kinds = {key: type(default) if default is not None else (types or {}).get(key) for key, default in defaults.items()}
+    kinds = {key: type(default) if default is not None else (types or {}).get(key)
+             for key, default in defaults.items()}
     if '--help' in argv or '-h' in argv:
         print(help_text(defaults, kinds, script))
         raise SystemExit(0)
@@ -62,7 +63,8 @@ def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None
             where, name = f'config error in {arg}', ''
         else:
             raise SystemExit(f"config error: unexpected argument {arg!r} "
-                             "(expected --key=value or a config file ending in .py; --help lists the settings)")
+                             "(expected --key=value or a config file ending in .py; "
+                             "--help lists the settings)")
         for key, value in overrides.items():
             _require_known(key, defaults, where)
             kind, nullable = kinds[key], defaults[key] is None
@@ -137,7 +139,8 @@ def _read_config_file(path):
     except IsADirectoryError:
         raise SystemExit(f"config error: config file {path} is a folder; name a .py file in it")
     except UnicodeDecodeError as e:
-        raise SystemExit(f"config error: config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8")
+        raise SystemExit(f"config error: config file {path} is not UTF-8 text (byte {e.start}); "
+                         f"save it as UTF-8")
     except OSError as e:
         raise SystemExit(f"config error: cannot read config file {path} ({e.strerror})")
     namespace = {'__file__': path}
@@ -166,7 +169,8 @@ def help_text(defaults, kinds, script):
         docstring = ast.get_docstring(ast.parse(source)) or ''
         entries = _settings_layout(source, defaults)
     listed = {entry[0] for entry in entries if isinstance(entry, tuple)}
-    entries += [(key, '') for key in defaults if key not in listed]  # set elsewhere than in a plain assignment
+    # set elsewhere than in a plain assignment
+    entries += [(key, '') for key in defaults if key not in listed]
 
     def setting(key):
         kind = f" ({kinds[key].__name__})" if defaults[key] is None and kinds[key] is not None else ''

@@ -4,7 +4,7 @@ Sample from a trained model.
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=500
     python sample.py --start=FILE:prompt.txt --temperature=0      # prompt from a file; greedy decoding
     python sample.py --stop="'\\n\\n'"                              # end each sample at its first blank line
-    python sample.py --compile=True --max_new_tokens=2000             # torch.compile: slow start, faster tokens
+    python sample.py --compile=True --max_new_tokens=2000         # torch.compile: slow start, faster tokens
 
 The sample text alone goes to stdout (one sample streams as it is generated; several are drawn as one
 batch and printed one after another). The settings overridden, the speed and the size of the KV cache,
@@ -29,12 +29,12 @@ num_samples = 1  # samples drawn together as one batch; a single one streams to 
 max_new_tokens = 500  # tokens generated per sample
 temperature = 0.8  # 1.0 = the model's distribution, < 1.0 = more conservative, 0 = greedy
 top_k = 200  # sample among the top_k most likely tokens only
-stop = ''  # end each sample before this text first appears in what it generates ('' = never); EOT always ends one
+stop = ''  # end each sample before this text appears in what it generates ('' = never); EOT always ends one
 seed = 1337
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 use_cache = True  # decode with the KV cache (False recomputes the whole context for every token)
-compile = False  # torch.compile the model: compiled once for the prompt and once for single tokens, not per step
+compile = False  # torch.compile the model: once for the prompt and once for single tokens, not per step
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__,
@@ -46,12 +46,14 @@ if num_samples < 1:
 if max_new_tokens < 1:
     raise SystemExit(f"sample.py: max_new_tokens={max_new_tokens}; generate at least 1 token")
 if temperature < 0:
-    raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy or a positive value")
+    raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy "
+                     f"or a positive value")
 if 0 < temperature < 1e-6:  # dividing the logits by it overflows float32 from about 1e-37 on
-    raise SystemExit(f"sample.py: temperature={temperature} is too small to divide the logits by; use 0 for greedy "
-                     "decoding, which is what it amounts to, or at least 1e-6")
+    raise SystemExit(f"sample.py: temperature={temperature} is too small to divide the logits by; "
+                     "use 0 for greedy decoding, which is what it amounts to, or at least 1e-6")
 if top_k < 1:
-    raise SystemExit(f"sample.py: top_k={top_k}; keep at least 1 token (a large value such as 50304 keeps all)")
+    raise SystemExit(f"sample.py: top_k={top_k}; keep at least 1 token "
+                     f"(a large value such as 50304 keeps all)")
 if not 0 <= seed < 2 ** 64:
     raise SystemExit(f"sample.py: seed={seed}; use an integer from 0 to 2**64 - 1")
 device = pick_device(device)
@@ -79,28 +81,31 @@ if start.startswith('FILE:'):
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
     except OSError as e:
-        raise SystemExit(f"sample.py: cannot read the prompt file {start[5:]} ({e.strerror}); check the path after FILE:")
+        raise SystemExit(f"sample.py: cannot read the prompt file {start[5:]} ({e.strerror}); "
+                         f"check the path after FILE:")
     except UnicodeDecodeError:
-        raise SystemExit(f"sample.py: the prompt file {start[5:]} is not UTF-8 text; convert it to UTF-8") from None
+        raise SystemExit(f"sample.py: the prompt file {start[5:]} is not UTF-8 text; "
+                         f"convert it to UTF-8") from None
 try:
     start_ids = tokenizer.encode(start)
 except ValueError as e:  # a character-level vocabulary has only the training text's characters
     raise SystemExit(f"sample.py: the prompt has {e}; use only characters the model was trained on")
 if not start_ids:
     if tokenizer.eot_token is None:
-        raise SystemExit("sample.py: the prompt is empty and a character-level model has no start-of-text token; "
-                         "give at least one character with --start")
+        raise SystemExit("sample.py: the prompt is empty and a character-level model has no "
+                         "start-of-text token; give at least one character with --start")
     start_ids = [tokenizer.eot_token]  # a new document
 if len(start_ids) > config.block_size:
-    raise SystemExit(f"sample.py: the prompt is {len(start_ids)} tokens, longer than the model's block_size of "
-                     f"{config.block_size}; shorten it")
+    raise SystemExit(f"sample.py: the prompt is {len(start_ids)} tokens, longer than the model's "
+                     f"block_size of {config.block_size}; shorten it")
 prompt_text = tokenizer.decode(start_ids)
 x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)
 
 
 def printable_length(text, stop):
-    """How much of a growing sample is final: not a trailing partial UTF-8 character (a BPE token can end
-    mid-character, which decodes to U+FFFD until the rest arrives), nor a tail that may begin the stop text."""
+    """How much of a growing sample is final: not a trailing partial UTF-8 character (a BPE token can
+    end mid-character, which decodes to U+FFFD until the rest arrives), nor a tail that may begin the
+    stop text."""
     end = len(text.rstrip('\ufffd'))
     for n in range(min(len(stop) - 1, end), 0, -1):
         if text.endswith(stop[:n], 0, end):
@@ -131,7 +136,8 @@ with ctx:
                 finished[i] = True
                 continue
             sample_ids[i].append(token)
-            texts[i] = tokenizer.decode(sample_ids[i])  # the whole sample, so multi-byte characters come out whole
+            # the whole sample, so multi-byte characters come out whole
+            texts[i] = tokenizer.decode(sample_ids[i])
             if stop and stop in texts[i]:
                 texts[i] = texts[i][:texts[i].index(stop)]
                 finished[i] = True
@@ -152,8 +158,9 @@ else:
         print('---------------')
 
 tokens = steps * num_samples
-print(f"generated {tokens:,} tokens ({num_samples} x {steps}) in {elapsed:.2f} s: {tokens / elapsed:,.1f} tokens/s "
-      f"on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}, compile {compile}", file=sys.stderr)
+print(f"generated {tokens:,} tokens ({num_samples} x {steps}) in {elapsed:.2f} s: "
+      f"{tokens / elapsed:,.1f} tokens/s on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}, "
+      f"compile {compile}", file=sys.stderr)
 if use_cache:
     kv_bytes = kv_cache.nbytes()
     # a vanilla Transformer caches K and V in every layer, for n_head heads (no GQA, no sharing)

@@ -8,8 +8,9 @@ or data-parallel on N devices, with the same global batch (and the same result) 
 
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py
 
-An out_dir that holds a run is continued with --init_from=resume or replaced with --overwrite=True; Ctrl-C or
-SIGTERM (a scheduler's) saves a checkpoint at the step it stops, to resume from; one run at a time writes to it.
+An out_dir that holds a run is continued with --init_from=resume or replaced with --overwrite=True;
+Ctrl-C or SIGTERM (a scheduler's) saves a checkpoint at the step it stops, to resume from; one run at a
+time writes to it.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
@@ -36,7 +37,7 @@ from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
 from prepare import load_meta, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
-# defaults: a small Identity ResFormer on character-level Shakespeare that trains on a laptop CPU in minutes
+# defaults: a small Identity ResFormer on char-level Shakespeare that trains on a laptop CPU in minutes
 # I/O
 out_dir = 'out'
 eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt when val improves), every this many steps
@@ -51,9 +52,9 @@ wandb_run_name = 'run'
 log_grad_norms = False  # also log every parameter's gradient norm (before clipping) at each log step
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
-gradient_accumulation_steps = 1  # the global batch per optimizer step is gradient_accumulation_steps x batch_size
+gradient_accumulation_steps = 1  # global batch per optimizer step is gradient_accumulation_steps x batch_size
 batch_size = 16  # sequences, whatever the number of ranks
-micro_batch_size = None  # most sequences one forward pass takes; None = batch_size. Lower it to fit memory: the step is unchanged
+micro_batch_size = None  # most sequences one pass takes; None = batch_size. Lower it to fit memory: same step
 block_size = 128  # tokens per sequence: the context length T
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer, resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
@@ -69,12 +70,12 @@ value_residual = False  # mix V1 into every later layer's values, weighted by la
 lambdas = None  # n_layer rows (weight on V1, weight on V_n); None = Identity, (0.5, 0.5) after layer 1
 lambda_mode = 'fixed'  # 'fixed', 'learnable' (starting from lambdas) or 'plus' (Learnable-Plus)
 value_rescale = False  # divide the mixed values by λ_{n,1} + λ_{n,2} (our reading of the paper)
-residual_source = 0  # layer the residual is taken from: 0 = V1 (the paper), 1 = V2; H0/H1 for residual_type='hidden'
-residual_type = 'value'  # what it mixes: 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)
-value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (layer 1's own A_1 V1 mixed in; Sec. 4.4)
+residual_source = 0  # residual's source layer: 0 = V1 (the paper), 1 = V2; H0/H1 for residual_type='hidden'
+residual_type = 'value'  # it mixes: 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)
+value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (layer 1's own A_1 V1; Sec. 4.4)
 neutreno_lambda = 0.0  # NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n); 0 = off
 denseformer = False  # DenseFormer baseline: each block's input a learned average of all earlier outputs
-share_kv = 'none'  # cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
+share_kv = 'none'  # sharing across pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
 value_embeds = False  # nanochat's value embeddings: every other layer adds a gated token table to its values
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
@@ -90,32 +91,36 @@ min_lr = 2e-4
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 compile = None  # torch.compile: None = on for CUDA, off elsewhere (where it does not pay for itself)
-peak_tflops = 0.0  # accelerator peak for MFU at this dtype; 0 = look the GPU up in PEAK_TFLOPS (no MFU on CPU)
+peak_tflops = 0.0  # accelerator peak for MFU at this dtype; 0 = find the GPU in PEAK_TFLOPS (no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+config_keys = [k for k, v in globals().items() if not k.startswith('_')
+               and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 # -----------------------------------------------------------------------------
 
 # dense bf16 TFLOP/s by GPU name, for MFU; say which one is used so the figure can be checked
-PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0, '4090': 165.0, 'V100': 125.0}
+PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0,
+               '4090': 165.0, 'V100': 125.0}
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
 # The settings a resumed run may change: where it writes and what it reports, the device it runs on and the
-# memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every other
-# one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss), so it must
-# match the checkpoint's; so must the data (its meta.json).
+# memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every
+# other one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss), so it
+# must match the checkpoint's; so must the data (its meta.json).
 MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'eval_interval', 'log_interval', 'eval_only',
-                        'wandb_log', 'wandb_project', 'wandb_run_name', 'log_grad_norms', 'dataset', 'data_dir',
-                        'max_iters', 'device', 'compile', 'peak_tflops', 'micro_batch_size')
+                        'wandb_log', 'wandb_project', 'wandb_run_name', 'log_grad_norms', 'dataset',
+                        'data_dir', 'max_iters', 'device', 'compile', 'peak_tflops', 'micro_batch_size')
 
 
 def micro_batches(global_batch, world_size, rank, batch_size):
     """The micro-batches of one rank as (start, stop) into the global batch: its contiguous share of
     global_batch / world_size sequences, in pieces of at most batch_size."""
     if global_batch % world_size:
-        raise SystemExit(f"train.py: the global batch, gradient_accumulation_steps x batch_size = {global_batch} "
-                         f"sequences, does not split evenly over {world_size} ranks; make it a multiple of {world_size}")
+        raise SystemExit(f"train.py: the global batch, gradient_accumulation_steps x batch_size = "
+                         f"{global_batch} sequences, does not split evenly over {world_size} ranks; "
+                         f"make it a multiple of {world_size}")
     share = global_batch // world_size
-    return [(rank * share + i, rank * share + min(i + batch_size, share)) for i in range(0, share, batch_size)]
+    return [(rank * share + i, rank * share + min(i + batch_size, share))
+            for i in range(0, share, batch_size)]
 
 
 def seeded(*keys):
@@ -137,7 +142,8 @@ def windows(shards, places):
     rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
     if rows.max() >= data_meta['vocab_size']:  # open_split scans only the (small) validation split
         raise SystemExit(f"train.py: {data_dir} holds token id {rows.max()}, outside the vocabulary of "
-                         f"{data_meta['vocab_size']}; run `{prepare_command(data_dir)}` again; stopped, {kept()}")
+                         f"{data_meta['vocab_size']}; run `{prepare_command(data_dir)}` again; "
+                         f"stopped, {kept()}")
     x, y = rows[:, :-1], rows[:, 1:]
     if device_type == 'cuda':
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
@@ -146,7 +152,8 @@ def windows(shards, places):
 
 def validation_batches(shards):
     """eval_iters batches of windows evenly spaced over the validation split: the same ones in every run."""
-    places = [(s, i) for s, shard in enumerate(shards) for i in range(0, len(shard) - block_size - 1, block_size)]
+    places = [(s, i) for s, shard in enumerate(shards)
+              for i in range(0, len(shard) - block_size - 1, block_size)]
     count = eval_iters * batch_size
     if len(places) < count:
         raise SystemExit(f"train.py: the validation split has {len(places)} windows of {block_size} tokens, "
@@ -156,7 +163,8 @@ def validation_batches(shards):
 
 
 def get_lr(it):
-    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters (the paper's schedule)."""
+    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters
+    (the paper's schedule)."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if it >= lr_decay_iters:
@@ -167,7 +175,8 @@ def get_lr(it):
 
 @torch.no_grad()
 def evaluate():
-    """Mean loss over the fixed validation batches, shared out across ranks; a bar shows when it takes a while."""
+    """Mean loss over the fixed validation batches, shared out across ranks; a bar shows
+    when it takes a while."""
     fast_model.eval()
     total = torch.zeros(2, device=device)
     batches = tqdm(val_batches[ddp_rank::ddp_world_size], desc='evaluating', leave=False, delay=5,
@@ -184,29 +193,32 @@ def evaluate():
 
 
 def stop_if_not_finite(last_step):
-    """Stop, saving nothing, if the training loss or gradient norm was NaN or inf at a step since the last check,
-    up to last_step. Every rank calls it at the same steps."""
+    """Stop, saving nothing, if the training loss or gradient norm was NaN or inf at a step since the last
+    check, up to last_step. Every rank calls it at the same steps."""
     global checked_step
     flag = not_finite.int()
     if ddp:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     if flag.item():
-        steps = f"step {last_step}" if checked_step == last_step else f"one of steps {checked_step}-{last_step}"
-        raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf at {steps} (loss "
-                         f"{train_loss.item():.4g}, gradient norm {grad_norm.item():.4g}); stopped without saving, {kept()}")
+        steps = (f"step {last_step}" if checked_step == last_step
+                 else f"one of steps {checked_step}-{last_step}")
+        raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf at {steps} "
+                         f"(loss {train_loss.item():.4g}, gradient norm {grad_norm.item():.4g}); "
+                         f"stopped without saving, {kept()}")
     checked_step = last_step + 1
 
 
 def kept():
-    return f"{ckpt_path} (step {saved_step}) is the last good checkpoint" if saved_step is not None else "no checkpoint written"
+    return (f"{ckpt_path} (step {saved_step}) is the last good checkpoint" if saved_step is not None
+            else "no checkpoint written")
 
 
 def save_checkpoint(name):
     """Write out_dir/name atomically: a crash mid-write leaves the previous file intact."""
     global saved_step
-    checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
-                  'model_args': asdict(raw_model.config), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
-                  'config': config, 'data_meta': data_meta}
+    checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                  'scaler': scaler.state_dict(), 'model_args': asdict(raw_model.config), 'iter_num': iter_num,
+                  'best_val_loss': best_val_loss, 'config': config, 'data_meta': data_meta}
     path = os.path.join(out_dir, name)
     try:
         torch.save(checkpoint, path + '.tmp')
@@ -218,8 +230,8 @@ def save_checkpoint(name):
 
 
 def cannot_write(path, error):
-    raise SystemExit(f"train.py: cannot write {path} ({type(error).__name__}: {error}); free disk space or fix "
-                     f"out_dir, {kept()}") from None
+    raise SystemExit(f"train.py: cannot write {path} ({type(error).__name__}: {error}); free disk space "
+                     f"or fix out_dir, {kept()}") from None
 
 
 def lock_out_dir():
@@ -279,21 +291,25 @@ def step_boundary():
     if ddp:
         flag = torch.tensor(stop_signal)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=stop_group)
-        if flag.item():  # (never reset stop_signal to 0 here: a signal may have arrived during the all-reduce)
+        # (never reset stop_signal to 0 here: a signal may have arrived during the all-reduce)
+        if flag.item():
             stop_signal = flag.item()
             raise KeyboardInterrupt
 
 
 def buffer_sync_off(ddp_parameters):
-    """DDP's keyword for not syncing buffers before every forward (ours, the RoPE table and fixed λ, never
-    change): recent torch's forward_sync_buffers, which deprecates broadcast_buffers, older torch's only one."""
-    return {'forward_sync_buffers' if 'forward_sync_buffers' in ddp_parameters else 'broadcast_buffers': False}
+    """DDP's keyword for not syncing buffers before every forward (ours, the RoPE table and fixed λ,
+    never change): recent torch's forward_sync_buffers, which deprecates broadcast_buffers, older
+    torch's only one."""
+    return {'forward_sync_buffers' if 'forward_sync_buffers' in ddp_parameters
+            else 'broadcast_buffers': False}
 
 
 def stop_rank(message, after_a_peer=False):
-    """End this rank with its one-line error. torchrun gets it in the rank's error file instead of stderr: its
-    closing summary, the last thing it prints, shows the first failure's line, so the line shows once, last. A
-    rank that stops because a peer failed is stamped a second later, so that the peer's failure stays first."""
+    """End this rank with its one-line error. torchrun gets it in the rank's error file instead of stderr:
+    its closing summary, the last thing it prints, shows the first failure's line, so the line shows once,
+    last. A rank that stops because a peer failed is stamped a second later, so that the peer's failure
+    stays first."""
     if 'TORCHELASTIC_ERROR_FILE' not in os.environ:  # plain python, or another launcher
         raise SystemExit(message)
     error = {'message': message, 'extraInfo': {'timestamp': int(time.time()) + after_a_peer}}
@@ -339,17 +355,19 @@ def estimate_time():
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
     steps = max_iters - iter_num
     progress.write(f"about {duration(step)} a step ({tokens_per_iter / step:,.0f} tokens/s): "
-                   f"{duration(step * steps)} for the {steps} steps to go, plus {duration(evaluation * evaluations)} "
-                   f"for {evaluations} evaluations{compiling}")
+                   f"{duration(step * steps)} for the {steps} steps to go, "
+                   f"plus {duration(evaluation * evaluations)} for {evaluations} evaluations{compiling}")
 
 
 def duration(seconds):
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.3g} s"
+    return (f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90
+            else f"{seconds:.3g} s")
 
 
 # -----------------------------------------------------------------------------
 # the type of each setting whose default is None, which configure cannot read off the default
-none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool, 'micro_batch_size': int}
+none_default_types = {'n_kv_head': int, 'ffn_hidden': int, 'lambdas': list, 'compile': bool,
+                      'micro_batch_size': int}
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], types=none_default_types,
                            script=__file__, verbose=os.environ.get('RANK', '0') == '0'))
 config = {k: globals()[k] for k in config_keys}  # what this run used, for the log and the checkpoint
@@ -358,24 +376,30 @@ config = {k: globals()[k] for k in config_keys}  # what this run used, for the l
 FLOAT32_MAX = torch.finfo(torch.float32).max
 for ok, problem in [
     (init_from in ('scratch', 'resume'), f"init_from={init_from!r}; use 'scratch' or 'resume'"),
-    (not (overwrite and init_from == 'resume'), "overwrite=True starts over and init_from='resume' continues; pick one"),
+    (not (overwrite and init_from == 'resume'),
+     "overwrite=True starts over and init_from='resume' continues; pick one"),
     (batch_size >= 1, f"batch_size={batch_size}; use 1 or more sequences"),
-    (micro_batch_size is None or micro_batch_size >= 1, f"micro_batch_size={micro_batch_size}; use 1 or more sequences"),
+    (micro_batch_size is None or micro_batch_size >= 1,
+     f"micro_batch_size={micro_batch_size}; use 1 or more sequences"),
     (block_size >= 1, f"block_size={block_size}; use 1 or more tokens"),
-    (gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={gradient_accumulation_steps}; use 1 or more"),
+    (gradient_accumulation_steps >= 1,
+     f"gradient_accumulation_steps={gradient_accumulation_steps}; use 1 or more"),
     (max_iters >= 0, f"max_iters={max_iters}; use 0 (evaluate only) or more steps"),
     (eval_interval >= 1, f"eval_interval={eval_interval}; use 1 or more steps"),
     (log_interval >= 1, f"log_interval={log_interval}; use 1 or more steps"),
     (eval_iters >= 1, f"eval_iters={eval_iters}; use 1 or more validation batches"),
     (0 <= beta1 < 1 and 0 <= beta2 < 1, f"beta1={beta1}, beta2={beta2}; use values in [0, 1)"),
-    # AdamW's first step moves each weight by up to learning_rate/(1-beta1) (its bias correction): beyond float32's
-    # range that is inf and the model is lost at once; smaller rates that are still too high stop on a NaN loss.
+    # AdamW's first step moves each weight by up to learning_rate/(1-beta1) (its bias correction): beyond
+    # float32's range that is inf and the model is lost at once; smaller rates that are still too high
+    # stop on a NaN loss.
     (0 < learning_rate < FLOAT32_MAX * (1 - beta1),
-     f"learning_rate={learning_rate}; use a rate above 0 with learning_rate/(1-beta1) below float32's {FLOAT32_MAX:.3g}"),
+     f"learning_rate={learning_rate}; use a rate above 0 with learning_rate/(1-beta1) below float32's "
+     f"{FLOAT32_MAX:.3g}"),
     (0 <= min_lr <= learning_rate, f"min_lr={min_lr}; use a value from 0 to learning_rate={learning_rate}"),
     (0 <= warmup_iters <= lr_decay_iters, f"warmup_iters={warmup_iters}, lr_decay_iters={lr_decay_iters}; "
                                           f"use 0 <= warmup_iters <= lr_decay_iters"),
-    (weight_decay >= 0 and grad_clip >= 0, f"weight_decay={weight_decay}, grad_clip={grad_clip}; use 0 or more"),
+    (weight_decay >= 0 and grad_clip >= 0,
+     f"weight_decay={weight_decay}, grad_clip={grad_clip}; use 0 or more"),
     (peak_tflops >= 0, f"peak_tflops={peak_tflops}; use 0 (look it up) or the accelerator's peak"),
     (0 <= seed < 2 ** 64, f"seed={seed}; use an integer from 0 to 2**64 - 1"),  # what torch.manual_seed takes
 ]:
@@ -385,11 +409,14 @@ if wandb_log:
     try:
         import wandb
     except ImportError:
-        raise SystemExit("train.py: wandb_log=True needs wandb; pip install wandb, or drop --wandb_log") from None
+        raise SystemExit("train.py: wandb_log=True needs wandb; pip install wandb, "
+                         "or drop --wandb_log") from None
 
-# torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; the process group starts once everything else has been checked
+# torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; the process group starts once everything else
+# has been checked
 ddp = 'RANK' in os.environ
-ddp_rank, ddp_local_rank, ddp_world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
+ddp_rank, ddp_local_rank, ddp_world_size = (
+    (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1))
 master_process = ddp_rank == 0
 device = pick_device(device)
 if ddp and device.startswith('cuda'):
@@ -408,27 +435,32 @@ if not eval_only:  # the only run that writes nothing
     existing = [name for name in RUN_FILES if os.path.exists(os.path.join(out_dir, name))]
     if existing and init_from == 'scratch' and not overwrite:
         raise SystemExit(f"train.py: {out_dir} already holds a run ({', '.join(existing)}); continue it with "
-                         f"--init_from=resume, or start over with --overwrite=True (deletes it), or pick another --out_dir")
+                         f"--init_from=resume, or start over with --overwrite=True (deletes it), "
+                         f"or pick another --out_dir")
     writable = out_dir
     while not os.path.exists(writable):  # the folder that will hold out_dir once it is made
         writable = os.path.dirname(os.path.abspath(writable))
     try:
         tempfile.TemporaryFile(dir=writable).close()
     except OSError as e:
-        raise SystemExit(f"train.py: cannot write to {writable} ({e.strerror}); pick another --out_dir") from None
+        raise SystemExit(f"train.py: cannot write to {writable} ({e.strerror}); "
+                         f"pick another --out_dir") from None
 
 data_dir = os.path.join('data', dataset)
 config['data_dir'] = data_dir
 data_meta = load_meta(data_dir)
 train_shards, val_shards = open_split(data_dir, 'train'), open_split(data_dir, 'val')
 if any(len(shard) <= block_size + 1 for shard in train_shards):
-    raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than block_size={block_size}; lower block_size")
-train_room = torch.tensor([len(shard) - block_size - 1 for shard in train_shards], dtype=torch.float64)  # window starts
+    raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than block_size={block_size}; "
+                     f"lower block_size")
+train_room = torch.tensor([len(shard) - block_size - 1 for shard in train_shards],
+                          dtype=torch.float64)  # window starts
 val_batches = validation_batches(val_shards)
 
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
 model_args = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
-model_args['vocab_size'] = -(-data_meta['vocab_size'] // 64) * 64  # padded to a multiple of 64 for faster matmuls
+# padded to a multiple of 64 for faster matmuls
+model_args['vocab_size'] = -(-data_meta['vocab_size'] // 64) * 64
 try:
     model_config = GPTConfig(**model_args)
 except (TypeError, ValueError) as e:
@@ -436,27 +468,29 @@ except (TypeError, ValueError) as e:
 iter_num, best_val_loss, saved_step, checkpoint = 0, float('inf'), None, None
 if init_from == 'resume':
     raw_model, checkpoint = load_checkpoint(ckpt_path)
-    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config') if key not in checkpoint]
+    missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config')
+               if key not in checkpoint]
     if missing:
-        raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed exactly; "
-                         f"start over with --overwrite=True")
+        raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed "
+                         f"exactly; start over with --overwrite=True")
     saved_meta, saved_config = checkpoint['data_meta'], checkpoint['config']
     if saved_meta != data_meta and not eval_only:  # eval_only, which writes nothing, may score it any way
         differ = sorted(key for key in saved_meta.keys() | data_meta.keys()
                         if saved_meta.get(key) != data_meta.get(key))
-        raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on (meta.json differs in "
-                         f"{', '.join(differ)}); resume with --dataset={saved_config['dataset']} as it was "
-                         f"prepared, or start over with --overwrite=True")
+        raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on (meta.json "
+                         f"differs in {', '.join(differ)}); resume with --dataset={saved_config['dataset']} "
+                         f"as it was prepared, or start over with --overwrite=True")
     if raw_model.config != model_config:
-        changed = [f.name for f in fields(GPTConfig) if getattr(raw_model.config, f.name) != getattr(model_config, f.name)]
-        raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} ({', '.join(changed)}); "
-                         f"resume with the settings it was trained with")
+        changed = [f.name for f in fields(GPTConfig)
+                   if getattr(raw_model.config, f.name) != getattr(model_config, f.name)]
+        raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} "
+                         f"({', '.join(changed)}); resume with the settings it was trained with")
     # a setting added to train.py since the checkpoint was written counts as unchanged
     changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config
                if key not in MAY_CHANGE_ON_RESUME and saved_config.get(key, config[key]) != config[key]]
     if changed and not eval_only:
-        raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; resume "
-                         f"with the settings it was trained with, or start over with --overwrite=True")
+        raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; "
+                         f"resume with the settings it was trained with, or start over with --overwrite=True")
     iter_num = saved_step = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
 try:
@@ -477,7 +511,8 @@ if checkpoint is not None:
         raise SystemExit(f"train.py: the optimizer state in {ckpt_path} does not fit the model ({e}); "
                          f"start over with --overwrite=True") from None
     del checkpoint
-kept_log = None  # on resume, what the log says up to the checkpoint: its evaluation is repeated, so not its val record
+# on resume, what the log says up to the checkpoint: its evaluation is repeated, so not its val record
+kept_log = None
 if init_from == 'resume' and os.path.exists(log_path):
     kept_log = []
     with open(log_path) as f:
@@ -516,18 +551,21 @@ if ddp:
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-autocast = nullcontext() if ptdtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, ptdtype))
+autocast = (nullcontext() if ptdtype == 'float32'
+            else torch.autocast(device_type, dtype=getattr(torch, ptdtype)))
 compiled = device_type == 'cuda' if compile is None else compile
 fast_model = torch.compile(raw_model) if compiled else raw_model  # evaluation's, and one process's training
 model = fast_model  # what the training step calls
-if ddp:  # compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
+# compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
+if ddp:
     ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
                     **buffer_sync_off(inspect.signature(DDP).parameters))
     model = torch.compile(ddp_model) if compiled else ddp_model
 if master_process:
-    print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = {global_batch} "
-          f"sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to "
-          f"{micro_batch_size or batch_size}; {tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
+    print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = "
+          f"{global_batch} sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to "
+          f"{micro_batch_size or batch_size}; "
+          f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
     print(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
           f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 peak = peak_tflops or next((tflops for name, tflops in PEAK_TFLOPS.items()
@@ -536,13 +574,17 @@ if wandb_log and master_process:
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 # -----------------------------------------------------------------------------
-# Reading a value off an accelerator waits for it, so there the loss is read and checked for NaN/inf only at log and
-# evaluation steps (and before any save); on a CPU the read is free, so every step is checked before the update.
+# Reading a value off an accelerator waits for it, so there the loss is read and checked for NaN/inf only at
+# log and evaluation steps (and before any save); on a CPU the read is free, so every step is checked before
+# the update.
 check_every_step = device_type == 'cpu'
-not_finite = torch.zeros((), dtype=torch.bool, device=device)  # set at any step whose loss or gradient norm is NaN/inf
+# set at any step whose loss or gradient norm is NaN/inf
+not_finite = torch.zeros((), dtype=torch.bool, device=device)
 train_loss = grad_norm = torch.zeros((), device=device)
-checked_step = first_step = iter_num  # the first step whose loss is not yet known to be finite; where this run began
-progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True, mininterval=1.0)
+# the first step whose loss is not yet known to be finite; where this run began
+checked_step = first_step = iter_num
+progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True,
+                mininterval=1.0)
 stop_signal, holding = 0, False  # the signal that asked the run to stop; whether it waits for a block to end
 previous_handlers = {sig: signal.signal(sig, on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 try:
@@ -561,7 +603,8 @@ try:
             val_loss = evaluate()
             stop_if_not_finite(iter_num - 1)
             if not math.isfinite(val_loss):
-                raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; stopped without saving, {kept()}")
+                raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; "
+                                 f"stopped without saving, {kept()}")
             with uninterruptible():
                 best = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
@@ -585,21 +628,27 @@ try:
         for micro_step, (start, stop) in enumerate(rank_micro_batches):
             x, y = windows(train_shards, places[start:stop])
             if ddp:
-                ddp_model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1  # once a step
+                # once a step
+                ddp_model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1
             with autocast:
                 _, loss = model(x, y)
-                loss = loss * ((stop - start) / rank_share)  # the mean over this rank's share; DDP averages the shares
+                # the mean over this rank's share; DDP averages the shares
+                loss = loss * ((stop - start) / rank_share)
             train_loss += loss.detach()
             scaler.scale(loss).backward()
         logging_now = (iter_num + 1) % log_interval == 0 or iter_num + 1 == max_iters
         with uninterruptible():  # a stop signal waits for the update and its log record
             scaler.unscale_(optimizer)
-            if log_grad_norms and logging_now:  # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
-                grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters() if p.grad is not None}
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'),
+            # per-matrix norms, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)
+            if log_grad_norms and logging_now:
+                grad_norms = {name: p.grad.norm().item() for name, p in raw_model.named_parameters()
+                              if p.grad is not None}
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
+                                                       grad_clip if grad_clip > 0 else float('inf'),
                                                        foreach=True)  # one fused kernel per dtype, on CPU too
             not_finite |= ~torch.isfinite(train_loss)
-            if not scaler.is_enabled():  # fp16's GradScaler makes inf gradients now and then, and skips those steps
+            # fp16's GradScaler makes inf gradients now and then, and skips those steps
+            if not scaler.is_enabled():
                 not_finite |= ~torch.isfinite(grad_norm)
             if check_every_step or logging_now:
                 stop_if_not_finite(iter_num)
@@ -608,7 +657,8 @@ try:
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
             if iter_num == first_step + 1 and device_type == 'cuda' and master_process:
-                progress.write(f"peak GPU memory: {torch.cuda.max_memory_allocated(device) / 2 ** 30:.1f} GiB")
+                progress.write(f"peak GPU memory: "
+                               f"{torch.cuda.max_memory_allocated(device) / 2 ** 30:.1f} GiB")
             steps_timed += 1
             progress.update(1)
             if logging_now:
@@ -637,7 +687,8 @@ try:
         torch.distributed.all_reduce(highest, op=torch.distributed.ReduceOp.MAX)
         torch.distributed.all_reduce(lowest, op=torch.distributed.ReduceOp.MIN)
         if master_process:
-            progress.write(f"weights across {ddp_world_size} ranks differ by at most {(highest - lowest).max().item():.3g}")
+            progress.write(f"weights across {ddp_world_size} ranks differ by at most "
+                           f"{(highest - lowest).max().item():.3g}")
 except SystemExit as stop:
     if ddp and isinstance(stop.code, str):
         stop_rank(stop.code)
@@ -656,14 +707,17 @@ except KeyboardInterrupt:
         else:
             save_checkpoint('ckpt.pt')
             outcome = f"saved {ckpt_path}; continue with --init_from=resume and the same settings"
-        how = 'interrupted' if stop_signal == signal.SIGINT else 'stopped by ' + signal.Signals(stop_signal).name
+        how = ('interrupted' if stop_signal == signal.SIGINT
+               else 'stopped by ' + signal.Signals(stop_signal).name)
         print(f"train.py: {how} at step {iter_num}; {outcome}", file=sys.stderr)
     raise SystemExit(128 + stop_signal) from None  # the shell's code for death by that signal: 130 for Ctrl-C
 finally:
     progress.close()
     for sig, handler in previous_handlers.items():
         signal.signal(sig, handler)
-if ddp:  # only after a run that went well (a failed rank just exits, and its peers' collectives fail with it):
-    del model, ddp_model, fast_model, raw_model, optimizer  # free everything, wait for all ranks, then tear
-    barrier()                                               # down, or gloo aborts now and then at exit
+# only after a run that went well (a failed rank just exits, and its peers' collectives fail with it):
+# free everything, wait for all ranks, then tear down, or gloo aborts now and then at exit
+if ddp:
+    del model, ddp_model, fast_model, raw_model, optimizer
+    barrier()
     destroy_process_group()
