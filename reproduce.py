@@ -1,7 +1,9 @@
 """
-Reproduce the paper's experiments at a small scale: named suites of train.py runs (settings x variants x seeds),
+Reproduce the paper's experiments at a small scale: \
+named suites of train.py runs (settings x variants x seeds),
 run one after another (or one per GPU when several are visible), skipped once finished and resumed when
-interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is installed).
+interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots \
+(when matplotlib is installed).
 
     python reproduce.py variants                  # run what is missing, then write results/variants/
     python reproduce.py all                       # every suite: variants, depth, value_embed, scaling, lr, kv
@@ -11,7 +13,8 @@ interrupted, then summarised into results/<suite>/README.md (tables) and PNG plo
     python reproduce.py all --retrain             # also retrain runs made by code that trains differently
     python reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
 
-Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). When it finishes, its log.jsonl is condensed
+Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). \
+When it finishes, its log.jsonl is condensed
 into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are named by their
 settings, so suites that share a run (the Transformer at the default shape, say) train it once. Each summary
 records the commit that trained it and a probe: the first losses of a 3-step run of the same variant at a tiny
@@ -41,15 +44,16 @@ from model import GPT, GPTConfig
 REPO = Path(__file__).resolve().parent
 SUITES = ('variants', 'depth', 'value_embed', 'scaling', 'lr', 'kv')
 
-# Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128, character-level
-# Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps so curves can be read
-# off, with per-matrix gradient norms logged for the learning-rate study.
+# Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
+# character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
+# so curves can be read off, with per-matrix gradient norms logged for the learning-rate study.
 SCALES = {
     'cpu': dict(dataset='shakespeare_char', n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16,
                 gradient_accumulation_steps=1, max_iters=600, lr_decay_iters=600, warmup_iters=50,
                 learning_rate=2e-3, min_lr=2e-4, eval_interval=50, eval_iters=10, log_interval=10,
                 log_grad_norms=True),
-    # Untested here (no GPU was available): the 82M shape on GPT-2 BPE Shakespeare, bf16 and compiled by train.py.
+    # Untested here (no GPU was available): the 82M shape on GPT-2 BPE Shakespeare, bf16 and compiled by
+    # train.py.
     'gpu': dict(dataset='shakespeare', n_layer=8, n_head=8, n_embd=512, block_size=512, batch_size=32,
                 gradient_accumulation_steps=1, max_iters=2000, lr_decay_iters=2000, warmup_iters=100,
                 learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=20, log_interval=10,
@@ -59,20 +63,24 @@ SCALES = {
 SIZES = {'cpu': [(2, 64), (3, 96), (4, 128), (5, 160)], 'gpu': [(4, 256), (6, 384), (8, 512), (12, 768)]}
 HEAD_DIM = {'cpu': 32, 'gpu': 64}
 LEARNING_RATES = {'cpu': [1e-3, 2e-3, 4e-3, 8e-3], 'gpu': [3e-4, 6e-4, 1.2e-3, 2.4e-3]}
-SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048]}  # at a fixed number of tokens per step, as in the paper's Sec. 4.6
+# at a fixed number of tokens per step, as in the paper's Sec. 4.6
+SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048]}
 VARIANTS = ['vanilla', 'resformer_identity', 'resformer_constant', 'resformer_sparse', 'resformer_learnable',
             'resformer_learnable_plus', 'svformer', 'neutreno', 'denseformer']
 BASELINE = 'vanilla'
-# The paper's depth (its 82M model has 8 layers): at the cpu scale the default width with 8 layers, trained twice as
-# long; Sparse then puts λ = (5, 1) on layers 6-8 exactly as the paper's best setting. The gpu scale has 8 already.
+# The paper's depth (its 82M model has 8 layers): at the cpu scale the default width with 8 layers, trained
+# twice as long; Sparse then puts λ = (5, 1) on layers 6-8 exactly as the paper's best setting. The gpu scale
+# has 8 already.
 DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iters=100), 'gpu': {}}
 DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
                   'resformer_learnable_plus', 'svformer', 'neutreno']
-PADDED_VOCAB = {'cpu': 128, 'gpu': 50304}  # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
+# the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
+PADDED_VOCAB = {'cpu': 128, 'gpu': 50304}
 
 
 def suite_groups(suite, scale):
-    """[(group label, settings that differ from the scale's, label of the Transformer group it is paired with)]."""
+    """[(group label, settings that differ from the scale's, label of the Transformer group
+    it is paired with)]."""
     base = SCALES[scale]
     if suite == 'variants':
         return [(v, dict(variant=v), BASELINE) for v in VARIANTS]
@@ -82,15 +90,19 @@ def suite_groups(suite, scale):
         groups = []
         for depth, shape in ((base['n_layer'], {}), (8, DEPTH[scale])):
             n_layer = shape.get('n_layer', base['n_layer'])
-            groups += [(f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}') for label, settings in [
-                (BASELINE, dict(variant=BASELINE)), ('resformer_identity', dict(variant='resformer_identity')),
-                ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
-                ('value_embeds+resformer', dict(variant='resformer_identity', value_embeds=True)),
-                (f'vanilla ffn={matched_ffn(scale, n_layer)}',  # a Transformer with as many parameters
-                 dict(variant=BASELINE, ffn_hidden=matched_ffn(scale, n_layer)))]]
+            groups += [
+                (f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}')
+                for label, settings in [
+                    (BASELINE, dict(variant=BASELINE)),
+                    ('resformer_identity', dict(variant='resformer_identity')),
+                    ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
+                    ('value_embeds+resformer', dict(variant='resformer_identity', value_embeds=True)),
+                    (f'vanilla ffn={matched_ffn(scale, n_layer)}',  # a Transformer with as many parameters
+                     dict(variant=BASELINE, ffn_hidden=matched_ffn(scale, n_layer)))]]
         return groups
     if suite == 'scaling':
-        return [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]), f'{BASELINE} L{L} d{d}')
+        return [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]),
+                 f'{BASELINE} L{L} d{d}')
                 for L, d in SIZES[scale] for v in (BASELINE, 'resformer_identity')]
     if suite == 'lr':
         return [(f'{v} lr={lr:g}', dict(variant=v, learning_rate=lr, min_lr=lr / 10), f'{BASELINE} lr={lr:g}')
@@ -107,12 +119,15 @@ def suite_groups(suite, scale):
 
 
 def matched_ffn(scale, n_layer):
-    """The SwiGLU width at which a Transformer has the parameters of the same Transformer with value embeddings."""
+    """The SwiGLU width at which a Transformer has the parameters of the same Transformer with value
+    embeddings."""
     base = SCALES[scale] | dict(n_layer=n_layer)
-    shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'], vocab_size=PADDED_VOCAB[scale])
+    shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'],
+                 vocab_size=PADDED_VOCAB[scale])
     with torch.device('meta'):
         extra = GPT(GPTConfig(**shape, value_embeds=True)).num_params() - GPT(GPTConfig(**shape)).num_params()
-    return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))  # 3 SwiGLU matrices a layer
+    # 3 SwiGLU matrices a layer
+    return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))
 
 
 def run_name(scale, settings):
@@ -120,7 +135,8 @@ def run_name(scale, settings):
     base = SCALES[scale]
     changed = {k: v for k, v in settings.items() if base.get(k) != v}
     keys = sorted(changed, key=lambda k: (k != 'variant', k == 'seed', k))  # variant first, seed last
-    return '_'.join([scale] + [f'{k}={changed[k]:g}' if isinstance(changed[k], float) else f'{k}={changed[k]}' for k in keys])
+    return '_'.join([scale] + [f'{k}={changed[k]:g}' if isinstance(changed[k], float) else f'{k}={changed[k]}'
+                               for k in keys])
 
 
 def suite_runs(suite, scale, seeds):
@@ -136,15 +152,18 @@ def suite_runs(suite, scale, seeds):
 # -----------------------------------------------------------------------------
 # running
 
-# The probe: 3 steps of a run's variant at a tiny shape, one thread, float32 on the CPU: the losses of code that trains
-# the same agree to far better than PROBE_TOLERANCE, and a change to the model, the batches or the update moves them.
-PROBE = dict(n_layer=4, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1, max_iters=3,
-             lr_decay_iters=3, warmup_iters=1, learning_rate=2e-3, min_lr=2e-4, eval_interval=3, eval_iters=1,
-             log_interval=1, log_grad_norms=False, seed=1337, device='cpu', dtype='float32', compile=False)
+# The probe: 3 steps of a run's variant at a tiny shape, one thread, float32 on the CPU: the losses of code
+# that trains the same agree to far better than PROBE_TOLERANCE, and a change to the model, the batches or the
+# update moves them.
+PROBE = dict(n_layer=4, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
+             max_iters=3, lr_decay_iters=3, warmup_iters=1, learning_rate=2e-3, min_lr=2e-4, eval_interval=3,
+             eval_iters=1, log_interval=1, log_grad_norms=False, seed=1337, device='cpu', dtype='float32',
+             compile=False)
 PROBE_TOLERANCE = 1e-3
-# --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same loss to the
-# last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600 steps amplify last-bit
-# differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain at this shape.
+# --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
+# loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
+# steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain
+# at this shape.
 CHECK_TOLERANCE = 0.01
 children = set()  # the train.py processes running now, ended with reproduce.py
 stopping = threading.Event()
@@ -152,7 +171,8 @@ stopping = threading.Event()
 
 def train_command(settings, out_dir, resume):
     args = [f'--{k}={v}' if isinstance(v, str) else f'--{k}={v!r}' for k, v in settings.items()]
-    return [sys.executable, str(REPO / 'train.py'), *args, f'--out_dir={out_dir}'] + (['--init_from=resume'] if resume else [])
+    return [sys.executable, str(REPO / 'train.py'), *args, f'--out_dir={out_dir}'] \
+        + (['--init_from=resume'] if resume else [])
 
 
 def end_with_parent():
@@ -166,17 +186,18 @@ def end_with_parent():
 
 
 def stop(signum, frame):
-    """reproduce.py's SIGTERM handler (a scheduler's preemption): pass it on to the runs, which save a checkpoint and
-    stop, and start no other run."""
+    """reproduce.py's SIGTERM handler (a scheduler's preemption): pass it on to the runs, which save a
+    checkpoint and stop, and start no other run."""
     stopping.set()
     for child in list(children):
         child.send_signal(signal.SIGTERM)
-    print(f"reproduce.py: stopping on signal {signum}; the runs save a checkpoint and resume on the next call",
-          file=sys.stderr, flush=True)
+    print(f"reproduce.py: stopping on signal {signum}; the runs save a checkpoint and resume on the "
+          f"next call", file=sys.stderr, flush=True)
 
 
 def train(command, env, stdout):
-    """Run train.py to its end; reproduce.py's SIGTERM or Ctrl-C reaches it (it saves), and so does its death."""
+    """Run train.py to its end; reproduce.py's SIGTERM or Ctrl-C reaches it (it saves),
+    and so does its death."""
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT,
                              preexec_fn=end_with_parent)
     children.add(child)
@@ -198,13 +219,15 @@ def probe(settings):
     if key not in _probes:
         with tempfile.TemporaryDirectory() as out_dir:
             command = train_command(tiny, Path(out_dir) / 'probe', resume=False)
-            result = subprocess.run(command, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True,
-                                    text=True)
+            result = subprocess.run(command, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                                    capture_output=True, text=True)
             if result.returncode != 0:
-                raise SystemExit(f"reproduce.py: the probe run failed: {result.stderr.strip().splitlines()[-1:]}; "
+                raise SystemExit(f"reproduce.py: the probe run failed: "
+                                 f"{result.stderr.strip().splitlines()[-1:]}; "
                                  f"is the data prepared (python prepare.py)?")
             records = [json.loads(line) for line in open(Path(out_dir) / 'probe' / 'log.jsonl')]
-        _probes[key] = [round(r.get('val_loss', r.get('train_loss')), 4) for r in records if r['step'] <= 3][:4]
+        _probes[key] = [round(r.get('val_loss', r.get('train_loss')), 4)
+                        for r in records if r['step'] <= 3][:4]
     return _probes[key]
 
 
@@ -212,9 +235,10 @@ def commit():
     """HEAD's commit, marked -dirty when tracked code differs from it (not results/, which suites write to);
     'unknown' outside a git checkout."""
     try:
-        head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!results'],
+        head = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no',
+                                '--', '.', ':!results'],
                                cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return 'unknown'
@@ -222,8 +246,8 @@ def commit():
 
 
 def summary_state(path, settings):
-    """'todo' (no summary), 'unreadable' (cut short or not ours), 'stale' (made by code that trains differently: its
-    probe differs from today's, or it has none) or 'done'."""
+    """'todo' (no summary), 'unreadable' (cut short or not ours), 'stale' (made by code that trains
+    differently: its probe differs from today's, or it has none) or 'done'."""
     if not path.exists():
         return 'todo'
     try:
@@ -238,12 +262,14 @@ def summary_state(path, settings):
 
 
 def run_one(settings, run_dir, summary_path, env):
-    """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it), then write its summary."""
+    """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it),
+    then write its summary."""
     started_by = run_dir / 'probe.json'  # the probe of the code that started the checkpoint
     resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() \
         and json.loads(started_by.read_text()) == probe(settings)
     if run_dir.exists() and not resume:
-        shutil.rmtree(run_dir)  # killed before its first checkpoint, or trained by other code: nothing to keep
+        # killed before its first checkpoint, or trained by other code: nothing to keep
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started_by.write_text(json.dumps(probe(settings)))
     seconds_path = run_dir / 'seconds'  # wall time over every attempt, resumed ones included
@@ -264,7 +290,8 @@ def run_one(settings, run_dir, summary_path, env):
 
 
 def summarize(run_dir, settings, seconds):
-    """The parts of a finished run the tables need: settings, the validation curve, sizes, λ and gradient norms."""
+    """The parts of a finished run the tables need: settings, the validation curve,
+    sizes, λ and gradient norms."""
     records = []
     for line in open(run_dir / 'log.jsonl'):
         record = json.loads(line)
@@ -277,11 +304,13 @@ def summarize(run_dir, settings, seconds):
     with torch.device('meta'):
         model = GPT(GPTConfig(**checkpoint['model_args']))
     cfg = model.config
-    return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1], 'params': model.num_params(),
+    return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1],
+            'params': model.num_params(),
             # bytes of K and V cached per token of context, in 16-bit precision
             'kv_bytes_per_token': sum(model.kv_slots) * cfg.n_kv_head * (cfg.n_embd // cfg.n_head) * 2,
             'lambdas': lambdas[-1] if lambdas else None,
-            'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]} if grads else None,
+            'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]}
+                               if grads else None,
             # layer 1's W_V and W_O at every logged step, for the ratios early and late in training
             'layer1_grad_norms': [[r['step'], r['grad_norms'].get('blocks.0.attn.c_v.weight'),
                                    r['grad_norms'].get('blocks.0.attn.c_proj.weight')]
@@ -290,7 +319,8 @@ def summarize(run_dir, settings, seconds):
 
 
 def lock(path):
-    """An exclusive lock on path, or None when another process holds it; the OS drops it when its holder dies."""
+    """An exclusive lock on path, or None when another process holds it;
+    the OS drops it when its holder dies."""
     handle = open(path, 'a')
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -301,17 +331,22 @@ def lock(path):
 
 
 def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
-    """Train every run that has no summary yet (and, with retrain, every stale one): one per GPU when there are
-    several, else `jobs` at a time on the CPU, splitting its cores between them. Returns {run name: error}."""
+    """Train every run that has no summary yet (and, with retrain, every stale one): one per GPU when
+    there are several, else `jobs` at a time on the CPU, splitting its cores between them.
+    Returns {run name: error}."""
     settings_of = {name: settings for _, name, settings in runs}
-    states = {name: summary_state(results_dir / 'runs' / f'{name}.json', s) for name, s in settings_of.items()}
-    todo = [name for name, state in states.items() if state in ('todo', 'unreadable') or (retrain and state == 'stale')]
+    states = {name: summary_state(results_dir / 'runs' / f'{name}.json', s)
+              for name, s in settings_of.items()}
+    todo = [name for name, state in states.items()
+            if state in ('todo', 'unreadable') or (retrain and state == 'stale')]
     stale = sum(state == 'stale' for state in states.values()) if not retrain else 0
     print(f"{len(states) - len(todo)} of {len(states)} runs done; {len(todo)} to go"
-          + (f"; {stale} done by code that trains differently (--retrain retrains them)" if stale else ''), flush=True)
+          + (f"; {stale} done by code that trains differently (--retrain retrains them)" if stale else ''),
+          flush=True)
     workers = gpus if gpus > 1 else jobs
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
-    envs = [dict(os.environ, CUDA_VISIBLE_DEVICES=str(w)) if gpus > 1 else dict(os.environ, OMP_NUM_THREADS=threads)
+    envs = [dict(os.environ, CUDA_VISIBLE_DEVICES=str(w)) if gpus > 1
+            else dict(os.environ, OMP_NUM_THREADS=threads)
             for w in range(workers)]
     if gpus <= 1 and 'OMP_NUM_THREADS' in os.environ:  # the user's choice wins
         envs = [dict(os.environ) for _ in range(workers)]
@@ -329,7 +364,8 @@ def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
             return name, 'skipped: another reproduce.py is training it'
         env = free_envs.get()
         try:
-            return name, run_one(settings_of[name], runs_dir / name, results_dir / 'runs' / f'{name}.json', env)
+            return name, run_one(settings_of[name], runs_dir / name, results_dir / 'runs' / f'{name}.json',
+                                 env)
         finally:
             free_envs.put(env)
             held.close()
@@ -337,8 +373,8 @@ def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
     with ThreadPoolExecutor(workers) as pool:
         try:
             for k, (name, error) in enumerate(pool.map(work, todo)):
-                print(f"[{k + 1}/{len(todo)}, {(time.time() - t_start) / 60:.0f} min] {name}: {error or 'done'}",
-                      flush=True)
+                print(f"[{k + 1}/{len(todo)}, {(time.time() - t_start) / 60:.0f} min] "
+                      f"{name}: {error or 'done'}", flush=True)
                 if error:
                     failures[name] = error
         except KeyboardInterrupt:  # Ctrl-C reached the children too (they save); start no further run
@@ -348,7 +384,8 @@ def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
 
 
 def check(name, runs, runs_dir, results_dir, env):
-    """Retrain one finished run from scratch and compare its final validation loss with its committed summary."""
+    """Retrain one finished run from scratch and compare its final validation loss with its committed
+    summary."""
     settings = {run: s for _, run, s in runs}.get(name)
     path = results_dir / 'runs' / f'{name}.json'
     if settings is None:
@@ -364,8 +401,8 @@ def check(name, runs, runs_dir, results_dir, env):
         raise SystemExit(f"reproduce.py: the check run failed: {error}")
     ours, theirs = json.loads(fresh.read_text())['final_val_loss'], committed['final_val_loss']
     verdict = 'agrees' if abs(ours - theirs) <= CHECK_TOLERANCE else 'DIFFERS'
-    print(f"final validation loss: retrained {ours:.4f}, committed {theirs:.4f}, difference {ours - theirs:+.4f}: "
-          f"{verdict} (tolerance {CHECK_TOLERANCE})")
+    print(f"final validation loss: retrained {ours:.4f}, committed {theirs:.4f}, "
+          f"difference {ours - theirs:+.4f}: {verdict} (tolerance {CHECK_TOLERANCE})")
     return verdict == 'agrees'
 
 
@@ -379,7 +416,8 @@ def mean_std(xs):
 
 
 def paired_t(xs, baselines):
-    """Mean and std of the paired differences xs[i] - baselines[i], and the paired t-statistic (nan for n < 2)."""
+    """Mean and std of the paired differences xs[i] - baselines[i], and the paired t-statistic
+    (nan for n < 2)."""
     diffs = [x - b for x, b in zip(xs, baselines)]
     mean, std = mean_std(diffs)
     t = mean / (std / math.sqrt(len(diffs))) if len(diffs) > 1 and std > 0 else float('nan')
@@ -393,7 +431,8 @@ def mean_curve(curves):
 
 
 def crossing_step(curve, target):
-    """First step at which a curve reaches loss <= target, linearly interpolated between evaluations; None if never."""
+    """First step at which a curve reaches loss <= target, linearly interpolated between evaluations;
+    None if never."""
     for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
         if l0 <= target:
             return s0
@@ -403,8 +442,9 @@ def crossing_step(curve, target):
 
 
 def parameters_for_loss(points, loss):
-    """Parameters a model family needs to reach `loss`: piecewise-linear interpolation of its final loss against
-    log(parameters) through points [(params, loss)], extrapolated along the nearest segment. (params, extrapolated)."""
+    """Parameters a model family needs to reach `loss`: piecewise-linear interpolation of its final loss
+    against log(parameters) through points [(params, loss)], extrapolated along the nearest segment.
+    (params, extrapolated)."""
     points = sorted(points)
     for (n0, l0), (n1, l1) in zip(points, points[1:]):
         if min(l0, l1) <= loss <= max(l0, l1) and l0 != l1:
@@ -426,8 +466,8 @@ def loglinear_fit(points):
 # reporting
 
 def load_groups(suite, scale, seeds, results_dir):
-    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only runs
-    made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
+    """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only
+    runs made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
     groups = {}
     for label, settings, baseline in suite_groups(suite, scale):
         group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
@@ -464,7 +504,8 @@ def group_rows(groups):
         minutes = sum(r['seconds'] for r in group['runs']) / 60
         rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
                     f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
-                    f"{'–' if diff is None else fmt(diff[2], 1)} | {'never' if cross is None else f'{cross:.0f}'} | "
+                    f"{'–' if diff is None else fmt(diff[2], 1)} | "
+                    f"{'never' if cross is None else f'{cross:.0f}'} | "
                     f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
     return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
             "step reaching the Transformer's final loss | parameters | KV bytes/token (16-bit) | minutes |",
@@ -483,12 +524,14 @@ def lambda_rows(groups):
         return []
     n = rows[0].count('|') - 2
     return ['', "Final λ per layer (weight on V1, weight on V_n), mean over seeds:", '',
-            '| group | ' + ' | '.join(f'layer {i + 1}' for i in range(n)) + ' |', '|---' * (n + 1) + '|'] + rows
+            '| group | ' + ' | '.join(f'layer {i + 1}' for i in range(n)) + ' |',
+            '|---' * (n + 1) + '|'] + rows
 
 
 def scaling_rows(groups):
     """The paper's two headline numbers at our scale: parameters and training tokens ResFormer saves."""
-    finals = {label: mean_std([r['final_val_loss'] for r in g['runs']])[0] for label, g in groups.items() if g['runs']}
+    finals = {label: mean_std([r['final_val_loss'] for r in g['runs']])[0]
+              for label, g in groups.items() if g['runs']}
     transformer = [(groups[l]['runs'][0]['params'], finals[l]) for l in finals if l.startswith(BASELINE)]
     fit = loglinear_fit(transformer) if len(transformer) >= 2 else None
     rows, gaps = [], []
@@ -503,7 +546,8 @@ def scaling_rows(groups):
         steps = crossing_step(mean_curve([r['curve'] for r in group['runs']]), finals[group['baseline']])
         total = group['runs'][0]['settings']['max_iters']
         rows.append(f"| {label} | {params:,} | {finals[label]:.4f} | "
-                    f"{'–' if matched is None else f'{matched:,.0f}'}{' (extrapolated)' if extrapolated else ''} | "
+                    f"{'–' if matched is None else f'{matched:,.0f}'}"
+                    f"{' (extrapolated)' if extrapolated else ''} | "
                     f"{'–' if matched is None else f'{100 * (1 - params / matched):.1f}%'} | "
                     f"{'–' if fitted is None else f'{fitted:,.0f}'} | "
                     f"{'–' if fitted is None else f'{100 * (1 - params / fitted):.1f}%'} | "
@@ -511,26 +555,30 @@ def scaling_rows(groups):
     pooled = []
     if gaps:  # one number for the suite: ResFormer's mean distance below the fitted line, in parameters
         factor = math.exp(sum(gaps) / len(gaps) / fit[1])
-        pooled = ['', f"Over all {len(gaps)} sizes, ResFormer's loss lies on average {-sum(gaps) / len(gaps):.4f} below "
-                      f"the Transformer's fitted line (slope {fit[1]:.4f} per e-fold of parameters): a Transformer needs "
-                      f"{factor:.2f}x the parameters for the same loss, a saving of {100 * (1 - 1 / factor):.1f}%."]
-    return ['', "Savings at equal validation loss. *Parameters*, two readings of the Transformer's final loss against "
-            "log(parameters) across our sizes, each giving the size a Transformer would need to match ResFormer's "
-            "loss (saving = 1 − ResFormer's size / that size): *piecewise*, linear between neighbouring sizes "
-            "(extrapolated along the end segment outside them); *fit*, one least-squares line through every size. "
-            "*Tokens*: the step at which ResFormer's mean validation curve first reaches the same-size "
-            "Transformer's final loss (linear between evaluations, inside one cosine schedule, so this understates "
-            "what a shorter schedule would need); saving = 1 − that step / total steps. The paper: 16.1% "
-            "parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
-            '| ResFormer group | parameters | final loss | Transformer parameters for that loss (piecewise) | '
-            'parameter saving (piecewise) | Transformer parameters (fit) | parameter saving (fit) | token saving |',
+        pooled = ['', f"Over all {len(gaps)} sizes, ResFormer's loss lies on average "
+                      f"{-sum(gaps) / len(gaps):.4f} below the Transformer's fitted line (slope {fit[1]:.4f} "
+                      f"per e-fold of parameters): a Transformer needs {factor:.2f}x the parameters for the "
+                      f"same loss, a saving of {100 * (1 - 1 / factor):.1f}%."]
+    return ['', "Savings at equal validation loss. *Parameters*, two readings of the Transformer's final "
+            "loss against log(parameters) across our sizes, each giving the size a Transformer would need to "
+            "match ResFormer's loss (saving = 1 − ResFormer's size / that size): *piecewise*, linear between "
+            "neighbouring sizes (extrapolated along the end segment outside them); *fit*, one least-squares "
+            "line through every size. *Tokens*: the step at which ResFormer's mean validation curve first "
+            "reaches the same-size Transformer's final loss (linear between evaluations, inside one cosine "
+            "schedule, so this understates what a shorter schedule would need); saving = 1 − that step / "
+            "total steps. The paper: 16.1% parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
+            '| ResFormer group | parameters | final loss | '
+            'Transformer parameters for that loss (piecewise) | parameter saving (piecewise) | '
+            'Transformer parameters (fit) | parameter saving (fit) | token saving |',
             '|---|---|---|---|---|---|---|---|'] + rows + pooled
 
 
 def grad_rows(groups):
-    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, ResFormer against Transformer at each learning rate."""
+    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, ResFormer against Transformer at each
+    learning rate."""
     def norms(group, key):
-        values = [sum(v for k, v in r['mean_grad_norms'].items() if key(k)) / sum(1 for k in r['mean_grad_norms'] if key(k))
+        values = [sum(v for k, v in r['mean_grad_norms'].items() if key(k))
+                  / sum(1 for k in r['mean_grad_norms'] if key(k))
                   for r in group['runs'] if r['mean_grad_norms']]
         return sum(values) / len(values) if values else None
     rows = []
@@ -547,26 +595,29 @@ def grad_rows(groups):
             ours, theirs = quarter_norm(group, column, quarter), quarter_norm(base, column, quarter)
             ratios.append(f'{ours / theirs:.2f}×' if ours and theirs else '–')
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
-    return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and over every "
-            "logged step (every log_interval steps), then over the first and the last quarter of those steps alone "
-            "(the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
-            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | W_V, last quarter | "
-            "W_O, first quarter | W_O, last quarter |", '|---|---|---|---|---|---|---|---|'] + rows
+    return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and "
+            "over every logged step (every log_interval steps), then over the first and the last quarter of "
+            "those steps alone (the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
+            "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | "
+            "W_V, last quarter | W_O, first quarter | W_O, last quarter |",
+            '|---|---|---|---|---|---|---|---|'] + rows
 
 
 def quarter_norm(group, column, quarter):
-    """Mean gradient norm of layer 1's W_V (column 1) or W_O (column 2) over the first or last quarter of the logged
-    steps, over the group's runs; None for summaries that did not record them."""
+    """Mean gradient norm of layer 1's W_V (column 1) or W_O (column 2) over the first or last quarter of the
+    logged steps, over the group's runs; None for summaries that did not record them."""
     values = []
     for run in group['runs']:
         series = run.get('layer1_grad_norms') or []
-        part = series[:len(series) // 4] if quarter == 'first' else series[-(len(series) // 4):] if series else []
+        part = series[:len(series) // 4] if quarter == 'first' \
+            else series[-(len(series) // 4):] if series else []
         values += [row[column] for row in part if row[column] is not None]
     return sum(values) / len(values) if values else None
 
 
 def kv_rows(groups):
-    """Sec. 4.6: the loss against KV-cache size, and how SVFormer's gap to the Transformer changes with length."""
+    """Sec. 4.6: the loss against KV-cache size, and how SVFormer's gap to the Transformer
+    changes with length."""
     rows = []
     for label, group in groups.items():
         if group['runs'] and label != group['baseline'] and groups[group['baseline']]['runs']:
@@ -575,7 +626,8 @@ def kv_rows(groups):
                    - mean_std([r['final_val_loss'] for r in base['runs']])[0])
             ratio = group['runs'][0]['kv_bytes_per_token'] / base['runs'][0]['kv_bytes_per_token']
             rows.append(f"| {label} | {ratio:.3f} | {gap:+.4f} |")
-    return ['', "KV cache against the same-length Transformer, and the loss gap (mean final loss − Transformer's):", '',
+    return ['', "KV cache against the same-length Transformer, and the loss gap "
+            "(mean final loss − Transformer's):", '',
             '| group | KV bytes ratio | loss gap |', '|---|---|---|'] + rows
 
 
@@ -615,10 +667,11 @@ def plot(suite, groups, out_dir):
             series.setdefault(family, []).append((x, mean, std))
         for family, points in series.items():
             points.sort()
-            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker='o',
-                        label=family, capsize=3)
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
+                        marker='o', label=family, capsize=3)
         ax.set_xscale('log')
-        ax.set(xlabel={'scaling': 'parameters', 'lr': 'peak learning rate', 'kv': 'KV bytes per token'}[suite],
+        ax.set(xlabel={'scaling': 'parameters', 'lr': 'peak learning rate',
+                       'kv': 'KV bytes per token'}[suite],
                ylabel='final validation loss', title=suite)
         ax.legend(fontsize=6)
         fig.tight_layout()
@@ -629,8 +682,8 @@ def plot(suite, groups, out_dir):
 
 
 def provenance(suite, scale, seeds, results_dir):
-    """One line: how many runs the tables hold and which commits trained them, and how many summaries were made by
-    code that trains differently (left out of the tables)."""
+    """One line: how many runs the tables hold and which commits trained them, and how many summaries were
+    made by code that trains differently (left out of the tables)."""
     commits, stale, total = {}, 0, 0
     for _, name, settings in suite_runs(suite, scale, seeds):
         path = results_dir / 'runs' / f'{name}.json'
@@ -642,19 +695,20 @@ def provenance(suite, scale, seeds, results_dir):
     line = (f"{sum(commits.values())} of {total} runs are in the tables, trained by commit "
             + (', '.join(f'{c} ({n})' for c, n in commits.items()) or '–') + '.')
     if stale:
-        line += (f" **{stale} more were made by code that trains differently from this commit's** (their probe "
-                 f"losses differ) and are left out: `python reproduce.py {suite} --retrain` retrains them.")
+        line += (f" **{stale} more were made by code that trains differently from this commit's** "
+                 f"(their probe losses differ) and are left out: "
+                 f"`python reproduce.py {suite} --retrain` retrains them.")
     return line
 
 
 def plot_deltas(suite, groups, out_dir, plt):
-    """deltas.png: each group's validation loss minus the same-seed Transformer's over training, mean and the band of
-    ± one standard deviation over seeds. Below zero, the variant is ahead at that step."""
+    """deltas.png: each group's validation loss minus the same-seed Transformer's over training, mean and the
+    band of ± one standard deviation over seeds. Below zero, the variant is ahead at that step."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, group in groups.items():
         base = groups[group['baseline']]
-        pairs = [(run, base['runs'][base['seeds'].index(seed)]) for run, seed in zip(group['runs'], group['seeds'])
-                 if seed in base['seeds']]
+        pairs = [(run, base['runs'][base['seeds'].index(seed)])
+                 for run, seed in zip(group['runs'], group['seeds']) if seed in base['seeds']]
         if label == group['baseline'] or not pairs:
             continue
         curves = [[[s, loss - dict(map(tuple, b['curve']))[s]] for s, loss in r['curve']
@@ -662,8 +716,8 @@ def plot_deltas(suite, groups, out_dir, plt):
         steps = [s for s, _ in mean_curve(curves)][1:]  # from the first evaluation after step 0
         stats = [mean_std([dict(map(tuple, c))[s] for c in curves]) for s in steps]
         line, = ax.plot(steps, [m for m, _ in stats], label=label, lw=1.2)
-        ax.fill_between(steps, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=line.get_color(),
-                        alpha=0.15)
+        ax.fill_between(steps, [m - sd for m, sd in stats], [m + sd for m, sd in stats],
+                        color=line.get_color(), alpha=0.15)
     ax.axhline(0, color='black', lw=0.8)
     ax.set(xlabel='step', ylabel="validation loss − Transformer's (same seed)",
            title=f'{suite}: each variant against the Transformer (mean ± std over seeds)')
@@ -687,7 +741,8 @@ def analyse(suite, scale, seeds, runs_dir, out_dir):
                f"--seq_len={SCALES[scale]['block_size']}", '--num_seqs=4', f"--out={out_dir / 'analysis'}"]
     print(f"attention analysis of {len(dirs)} checkpoints into {out_dir / 'analysis'}", flush=True)
     if subprocess.run(command, cwd=REPO).returncode != 0:
-        print("reproduce.py: the attention analysis failed (see above); the tables are written", file=sys.stderr)
+        print("reproduce.py: the attention analysis failed (see above); the tables are written",
+              file=sys.stderr)
 
 
 def write_report(suite, scale, seeds, results_dir):
@@ -696,10 +751,11 @@ def write_report(suite, scale, seeds, results_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SCALES[scale]
     lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
-             f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` from the run "
-             f"summaries in `results/runs/`. Shared settings: " + ', '.join(f'{k}={v}' for k, v in base.items()) +
-             f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the same seed and "
-             "settings; 'minutes' is wall time summed over the group's runs.", '',
+             f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
+             f"from the run summaries in `results/runs/`. Shared settings: "
+             + ', '.join(f'{k}={v}' for k, v in base.items())
+             + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
+             "same seed and settings; 'minutes' is wall time summed over the group's runs.", '',
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
@@ -713,12 +769,14 @@ def write_report(suite, scale, seeds, results_dir):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),
-                        help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the paper's 82M "
-                             "shape (default: %(default)s)")
-    parser.add_argument('--seeds', type=int, default=3, help='seeds per group: 1337, 1338, ... (default: %(default)s)')
+                        help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the "
+                             "paper's 82M shape (default: %(default)s)")
+    parser.add_argument('--seeds', type=int, default=3,
+                        help='seeds per group: 1337, 1338, ... (default: %(default)s)')
     parser.add_argument('--runs_dir', default='out/reproduce',
                         help='where runs train: checkpoints and logs, not committed (default: %(default)s)')
     parser.add_argument('--results_dir', default='results',
@@ -726,23 +784,25 @@ def main(argv=None):
     parser.add_argument('--gpus', type=int, default=torch.cuda.device_count(),
                         help='runs in parallel, one per GPU (default: the GPUs visible, %(default)s)')
     parser.add_argument('--jobs', type=int, default=1,
-                        help="runs in parallel on a CPU, sharing its cores; OMP_NUM_THREADS, if set, is each run's "
-                             "thread count (default: %(default)s)")
+                        help="runs in parallel on a CPU, sharing its cores; OMP_NUM_THREADS, if set, is each "
+                             "run's thread count (default: %(default)s)")
     parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
     parser.add_argument('--dry_run', action='store_true',
                         help='list the runs and the state of each: todo, done, stale or unreadable')
     parser.add_argument('--retrain', action='store_true',
-                        help='also retrain runs whose summary was made by code that trains differently (stale)')
+                        help='also retrain runs whose summary was made by code that trains differently '
+                             '(stale)')
     parser.add_argument('--check', metavar='NAME', default=None,
-                        help=f'retrain the finished run NAME into <runs_dir>/check/ and compare its final loss with '
-                             f'the committed one (tolerance {CHECK_TOLERANCE})')
+                        help=f'retrain the finished run NAME into <runs_dir>/check/ and compare its final '
+                             f'loss with the committed one (tolerance {CHECK_TOLERANCE})')
     args = parser.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"reproduce.py: --jobs={args.jobs}; use at least 1")
     if args.seeds < 1:
         raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
     if args.suite != 'all' and args.suite not in SUITES:
-        raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; choose one of: all, {', '.join(SUITES)}")
+        raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; "
+                         f"choose one of: all, {', '.join(SUITES)}")
     suites = SUITES if args.suite == 'all' else [args.suite]
     seeds = [1337 + k for k in range(args.seeds)]
     results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
