@@ -1,9 +1,8 @@
 """
-Reproduce the paper's experiments at a small scale: \
-named suites of train.py runs (settings x variants x seeds),
-run one after another (or one per GPU when several are visible), skipped once finished and resumed when
-interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots \
-(when matplotlib is installed).
+Reproduce the paper's experiments at a small scale: named suites of train.py runs (settings x variants x
+seeds), run one after another (or one per GPU when several are visible), skipped once finished and resumed
+when interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is
+installed).
 
     python reproduce.py variants                  # run what is missing, then write results/variants/
     python reproduce.py all                       # every suite: variants, depth, value_embed, scaling, lr, kv
@@ -13,13 +12,12 @@ interrupted, then summarised into results/<suite>/README.md (tables) and PNG plo
     python reproduce.py all --retrain             # also retrain runs made by code that trains differently
     python reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
 
-Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). \
-When it finishes, its log.jsonl is condensed
-into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are named by their
-settings, so suites that share a run (the Transformer at the default shape, say) train it once. Each summary
-records the commit that trained it and a probe: the first losses of a 3-step run of the same variant at a tiny
-shape. A summary whose probe differs from today's code's was made by code that trains differently ("stale"):
-the reports say so, and --retrain retrains it.
+Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). When it finishes, its log.jsonl is
+condensed into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are
+named by their settings, so suites that share a run (the Transformer at the default shape, say) train it
+once. Each summary records the commit that trained it and a probe: the first losses of a 3-step run of the
+same variant at a tiny shape. A summary whose probe differs from today's code's was made by code that
+trains differently ("stale"): the reports say so, and --retrain retrains it.
 """
 import argparse
 import fcntl
