@@ -94,8 +94,8 @@ class GPTConfig:
         resolve_config(self)
 
     def mixes(self, layer):
-        """What the λ table mixes into 0-based layer `layer` from the source layer: None (nothing: vanilla, or
-        a layer up to the source), 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)."""
+        """What the λ table mixes into 0-based layer `layer` from the source layer: None (vanilla, or a
+        layer up to the source), 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)."""
         return self.residual_type if self.value_residual and layer > self.residual_source else None
 
     def takes_v1(self, layer):
@@ -182,7 +182,7 @@ class CausalSelfAttention(nn.Module):
                 v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
                 v = kv_cache.store(kv_cache.v, self.v_slot, v)             # a ResFormer layer caches V'_n
-        y = attention(q, k, v, self.dropout if self.training else 0.0)    # U_n = softmax(Q_n K_n^T / √d) V'_n
+        y = attention(q, k, v, self.dropout if self.training else 0.0)    # U_n = softmax(Q_n K_n^T/√d) V'_n
         return self.project_out(y), Heads(q, k, v, None, y)
 
     def heads(self, linear, x, rope=None):
@@ -453,7 +453,7 @@ def general_attention(attn, x, rope, lam, source, prev, kv_cache, stats, value_e
     if attn.explicit_softmax or stats is not None:
         probs = attention_probs(q, k)
         if attn.mixes == 'attention':
-            probs = lam[0] * source.attn + lam[1] * probs  # attention-matrix residual, A'_n = λ1 A1 + λ2 A_n
+            probs = lam[0] * source.attn + lam[1] * probs  # attention residual, A'_n = λ1 A1 + λ2 A_n
         y = F.dropout(probs, dropout) @ v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
     else:
         y = attention(q, k, v, dropout)
