@@ -262,14 +262,15 @@ def summary_state(path, settings):
 def run_one(settings, run_dir, summary_path, env):
     """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it),
     then write its summary."""
+    today = probe(settings)
     started_by = run_dir / 'probe.json'  # the probe of the code that started the checkpoint
     resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() \
-        and json.loads(started_by.read_text()) == probe(settings)
+        and json.loads(started_by.read_text()) == today
     if run_dir.exists() and not resume:
         # killed before its first checkpoint, or trained by other code: nothing to keep
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    started_by.write_text(json.dumps(probe(settings)))
+    started_by.write_text(json.dumps(today))
     seconds_path = run_dir / 'seconds'  # wall time over every attempt, resumed ones included
     t0 = time.time()
     with open(run_dir / 'train.out', 'a') as out:
@@ -279,7 +280,7 @@ def run_one(settings, run_dir, summary_path, env):
     if returncode != 0:
         last = (run_dir / 'train.out').read_text().strip().splitlines()[-1:] or ['(no output)']
         return f"exit {returncode}: {last[0][-300:]}"
-    summary = summarize(run_dir, settings, seconds) | {'commit': commit(), 'probe': probe(settings),
+    summary = summarize(run_dir, settings, seconds) | {'commit': commit(), 'probe': today,
                                                        'threads': env.get('OMP_NUM_THREADS', 'default')}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
