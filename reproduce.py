@@ -573,8 +573,7 @@ def scaling_rows(groups):
 
 
 def grad_rows(groups):
-    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, ResFormer against Transformer at each
-    learning rate."""
+    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, each group against its Transformer."""
     def norms(group, key):
         values = [sum(v for k, v in r['mean_grad_norms'].items() if key(k))
                   / sum(1 for k in r['mean_grad_norms'] if key(k))
@@ -758,7 +757,7 @@ def write_report(suite, scale, seeds, results_dir):
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
-    extra = {'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}
+    extra = {'variants': grad_rows, 'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
