@@ -753,7 +753,8 @@ def write_report(suite, scale, seeds, results_dir):
              f"from the run summaries in `results/runs/`. Shared settings: "
              + ', '.join(f'{k}={v}' for k, v in base.items())
              + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
-             "same seed and settings; 'minutes' is wall time summed over the group's runs.", '',
+             "same seed and settings; 'minutes' is wall time summed over the group's runs. What they show "
+             "against the paper: [results/README.md](../README.md).", '',
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
