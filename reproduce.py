@@ -758,7 +758,8 @@ def write_report(suite, scale, seeds, results_dir):
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
-    extra = {'variants': grad_rows, 'scaling': scaling_rows, 'lr': grad_rows, 'depth': grad_rows, 'kv': kv_rows}
+    extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
+             'kv': kv_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
