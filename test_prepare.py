@@ -525,23 +525,35 @@ def test_a_rerun_keeps_other_files(prepared):
     assert all((out / name).read_bytes() == content for name, content in theirs.items())
 
 
-def start_prepare(*args, cwd):
-    return subprocess.Popen([sys.executable, os.path.join(REPO, "prepare.py"), "--num_proc=1", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+# prepare.py that stops itself (SIGSTOP) as soon as it holds its out_dir's lock, so a test acts at that moment
+# whatever the machine's load (polling for the lock file lost the race to a small input on a busy machine)
+STOPPED_HOLDING_THE_LOCK = """import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import prepare
+take_lock = prepare.lock
+def take_lock_and_stop(*args):
+    fd = take_lock(*args)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return fd
+prepare.lock = take_lock_and_stop
+prepare.main(sys.argv[2:])
+"""
 
 
-def holding_the_lock(run, lock_path):
-    """Stop `run` (SIGSTOP) as soon as it holds lock_path; it reads its input first, then takes the lock."""
-    while not os.path.exists(lock_path):
-        assert run.poll() is None, run.communicate()
-    run.send_signal(signal.SIGSTOP)
+def holding_the_lock(*args, cwd):
+    """A prepare.py run stopped while it holds its lock (it reads its input first); SIGCONT lets it go on."""
+    run = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDING_THE_LOCK, REPO, "--num_proc=1", *args], cwd=cwd,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # WNOWAIT: an exit is left for run.wait() to collect
+    state = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    assert state.si_code == os.CLD_STOPPED, run.communicate()
     return run
 
 
 def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
-    (tmp_path / "big.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(100_000)))
+    (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
     (tmp_path / "other.txt").write_text("other text\n" * 50)
-    first = holding_the_lock(start_prepare("--input=big.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    first = holding_the_lock("--input=first.txt", "--out_dir=pp", cwd=tmp_path)
     second = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), "--input=other.txt", "--out_dir=pp"],
                             cwd=tmp_path, capture_output=True, text=True)
     first.send_signal(signal.SIGCONT)
@@ -550,17 +562,17 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
                             f"it to finish, or pass another --out_dir\n" and second.returncode == 1
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
-    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]  # no lock file left
+    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]  # no lock file left
 
     # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
     before = snapshot(tmp_path / "pp")
-    killed = holding_the_lock(start_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path), tmp_path / ".pp.lock")
+    killed = holding_the_lock("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
     killed.kill()
     killed.wait()
     assert snapshot(tmp_path / "pp") == before
     run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
     assert sorted(os.listdir(tmp_path / "pp")) == ["meta.json", "train.bin", "val.bin"]
-    assert sorted(os.listdir(tmp_path)) == ["big.txt", "other.txt", "pp"]
+    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]
 
 
 def test_pipes_are_not_read(tmp_path):

@@ -150,23 +150,50 @@ def test_resume_continues_exactly(workdir, straight):
     assert [r['step'] for r in straight if 'train_loss' in r] == list(range(1, 41))
 
 
-def wait_for_step(process, log_path, step):
+STOP_AT_STEP = """import os, runpy, signal, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+stop_step, stop_rank, sys.argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+updates = 0
+def stop_at_step(optimizer, args, kwargs):
+    global updates
+    updates += 1
+    if updates == stop_step and os.environ.get('RANK', '0') == stop_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+register_optimizer_step_post_hook(stop_at_step)
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def stopping_at(workdir, step, rank=0):
+    """The start of a command line running train.py that stops itself (SIGSTOP) inside its step-th update on
+    that rank, so a test signals it at a known step whatever the machine's load (polling the log lost that
+    race on a busy machine)."""
+    script = workdir / 'stop_at_step.py'
+    script.write_text(STOP_AT_STEP)
+    return [script, str(step), str(rank), REPO / 'train.py']
+
+
+def wait_until_stopped(process, pid=None):
+    """Wait until the run (or its process pid, found on each try) has stopped itself; reads Linux's /proc."""
     deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None:
-        if log_path.exists() and max([json.loads(line)['step'] for line in log_path.read_text().splitlines()
-                                      if line.endswith('}')] or [0]) >= step:
-            return
+    while True:
+        assert process.poll() is None and time.time() < deadline, 'the run did not stop at its step'
+        with contextlib.suppress(OSError, StopIteration):
+            stat = Path(f'/proc/{pid() if pid else process.pid}/stat').read_text()
+            if stat.rsplit(')', 1)[1].split()[0] == 'T':
+                return
         time.sleep(0.01)
 
 
 def test_resume_after_sigkill(workdir, straight):
     """Kill a run mid-way with SIGKILL; resuming from its last checkpoint reproduces the uninterrupted log."""
-    process = subprocess.Popen([sys.executable, REPO / 'train.py', *TINY, '--out_dir=out_killed', *LONG],
-                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_step(process, workdir / 'out_killed' / 'log.jsonl', 6)
+    process = subprocess.Popen([sys.executable, *stopping_at(workdir, 6), *TINY, '--out_dir=out_killed',
+                                *LONG], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until_stopped(process)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert max(log(workdir, 'out_killed', 'train_loss')) < 40, "the run finished before it could be killed"
+    assert max(log(workdir, 'out_killed', 'train_loss')) == 5  # killed in step 6's update, before its record
     assert (workdir / 'out_killed' / '.lock').read_text() == f'{process.pid}\n'  # left, yet no obstacle
     train(workdir, '--out_dir=out_killed', '--init_from=resume', *LONG)
     assert records(workdir, 'out_killed') == straight
@@ -176,16 +203,18 @@ def test_resume_after_sigkill(workdir, straight):
 def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
     """SIGINT: one line naming the step and how to go on, a checkpoint at that step, and a resume equal to the
     uninterrupted run."""
-    process = subprocess.Popen([sys.executable, REPO / 'train.py', *TINY, '--out_dir=out_interrupted', *LONG],
-                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen([sys.executable, *stopping_at(workdir, 5), *TINY, '--out_dir=out_interrupted',
+                                *LONG], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even if we ignore it
-    wait_for_step(process, workdir / 'out_interrupted' / 'log.jsonl', 5)
+    wait_until_stopped(process)
     process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGCONT)
     stderr = process.communicate()[1]
     assert process.returncode == 130 and 'Traceback' not in stderr, stderr
     last = stderr.strip().splitlines()[-1]
     step = torch.load(workdir / 'out_interrupted' / 'ckpt.pt', weights_only=True)['iter_num']
-    assert 5 <= step < 40 and last.startswith(f'train.py: interrupted at step {step}; saved') and '--init_from=resume' in last
+    assert step == 5 and last.startswith('train.py: interrupted at step 5; saved'), stderr
+    assert '--init_from=resume' in last
     train(workdir, '--out_dir=out_interrupted', '--init_from=resume', *LONG)
     assert records(workdir, 'out_interrupted') == straight
 
@@ -511,14 +540,15 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
     the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and weights."""
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
     process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                                REPO / 'train.py', *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
+                                *stopping_at(workdir, 5, rank=1), *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
                                env=dict(os.environ, OMP_NUM_THREADS='1'), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
-    wait_for_step(process, workdir / 'out_ddp_term' / 'log.jsonl', 5)
+    wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
     os.kill(rank_pid(process.pid, 1), signal.SIGTERM)
+    os.kill(rank_pid(process.pid, 1), signal.SIGCONT)
     stderr = process.communicate(timeout=120)[1]
     step = torch.load(workdir / 'out_ddp_term' / 'ckpt.pt', weights_only=True)['iter_num']
-    assert 5 <= step < 40 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
+    assert step == 5 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
     assert f'train.py: stopped by SIGTERM at step {step}; saved out_ddp_term/ckpt.pt' in stderr
     assert max(log(workdir, 'out_ddp_term', 'train_loss')) == step
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
