@@ -174,15 +174,16 @@ def stopping_at(workdir, step, rank=0):
     return [script, str(step), str(rank), REPO / 'train.py']
 
 
-def wait_until_stopped(process, pid=None):
-    """Wait until the run (or its process pid, found on each try) has stopped itself; reads Linux's /proc."""
+def wait_until_stopped(process, find_pid=None):
+    """The pid of the process that has stopped itself: the run's own, or find_pid()'s (tried until it exists,
+    for a rank under torchrun); waits for its state in Linux's /proc to read T."""
     deadline = time.time() + 120
     while True:
         assert process.poll() is None and time.time() < deadline, 'the run did not stop at its step'
         with contextlib.suppress(OSError, StopIteration):
-            stat = Path(f'/proc/{pid() if pid else process.pid}/stat').read_text()
-            if stat.rsplit(')', 1)[1].split()[0] == 'T':
-                return
+            pid = find_pid() if find_pid else process.pid
+            if Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'T':
+                return pid
         time.sleep(0.01)
 
 
@@ -543,9 +544,9 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
                                 *stopping_at(workdir, 5, rank=1), *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
                                env=dict(os.environ, OMP_NUM_THREADS='1'), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
-    wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
-    os.kill(rank_pid(process.pid, 1), signal.SIGTERM)
-    os.kill(rank_pid(process.pid, 1), signal.SIGCONT)
+    rank_1 = wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
+    os.kill(rank_1, signal.SIGTERM)
+    os.kill(rank_1, signal.SIGCONT)
     stderr = process.communicate(timeout=120)[1]
     step = torch.load(workdir / 'out_ddp_term' / 'ckpt.pt', weights_only=True)['iter_num']
     assert step == 5 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
