@@ -405,11 +405,21 @@ class GPT(nn.Module):
         (caller's choice)."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=()):
+        """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α).
+        lr_scales: (parameter name, multiplier) pairs, trained at multiplier x the schedule's rate (Sec. 4.3's
+        control: a Transformer with a higher rate on layer 1's W_V and W_O); each group's 'lr_scale' says."""
+        scales = dict(lr_scales)
+        params = {name: p for name, p in self.named_parameters() if p.requires_grad}
+        unknown = sorted(set(scales) - set(params))
+        if unknown:
+            raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
+                             f"(names like blocks.0.attn.c_v.weight)")
+        groups = {}
+        for name, p in params.items():
+            groups.setdefault((p.dim() >= 2, float(scales.get(name, 1.0))), []).append(p)
+        groups = [{'params': ps, 'weight_decay': weight_decay if decays else 0.0, 'lr_scale': scale}
+                  for (decays, scale), ps in groups.items()]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8,
                                  fused=device_type in ('cuda', 'cpu'))
 

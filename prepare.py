@@ -239,15 +239,34 @@ def load_meta(data_dir):
 
 def open_split(data_dir, split):
     """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see "Checks on reading" above)."""
+    each checked against meta.json (see "Checks on reading" above). For SlimPajama's 'val' that is every
+    domain's files; open_val_domains gives them domain by domain."""
     meta = load_meta(data_dir)
-    again = f"run `{prepare_command(data_dir)}` again"
     names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
+    return open_files(data_dir, meta, names, split)
+
+
+def open_val_domains(data_dir):
+    """{domain: token arrays} of a folder whose validation split is kept domain by domain (SlimPajama:
+    meta.json's "val_domains" maps each domain to its files val_<domain>_00000.bin, ...), so each domain is
+    scored on its own, as the paper does; None for a single corpus (Shakespeare, --input text)."""
+    meta = load_meta(data_dir)
+    if "val_domains" not in meta:
+        return None
+    return {domain: open_files(data_dir, meta, sorted(names), "val")
+            for domain, names in sorted(meta["val_domains"].items())}
+
+
+def open_files(data_dir, meta, names, split):
+    again = f"run `{prepare_command(data_dir)}` again"
     if not names:
         raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
     arrays = []
     for name in names:
         path = os.path.join(data_dir, name)
+        if name not in meta["files"]:
+            raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
+                             f"under files; {again}")
         if not os.path.isfile(path):
             raise SystemExit(f"prepare.py: {path} not found; {again}")
         size, expected = os.path.getsize(path), 2 * meta["files"][name]

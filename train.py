@@ -84,6 +84,7 @@ weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0 disables clipping
+lr_scales = []  # [parameter name, multiplier] pairs trained at multiplier x the rate (Sec. 4.3's control)
 warmup_iters = 50
 lr_decay_iters = 600
 min_lr = 2e-4
@@ -502,7 +503,11 @@ except RuntimeError as e:  # the allocator's "can't allocate memory", on the CPU
     raise SystemExit(f"train.py: the model does not fit in {device} memory ({str(e).splitlines()[0]}); use a "
                      f"smaller model (n_layer, n_embd, ...) or a device with more memory") from None
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == 'float16')
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+try:
+    optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
+                                               lr_scales)
+except (TypeError, ValueError) as e:  # a name that is no parameter, or not [name, multiplier] pairs
+    raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
 if checkpoint is not None:
     try:
         optimizer.load_state_dict(checkpoint['optimizer'])
@@ -621,7 +626,7 @@ try:
 
         lr = get_lr(iter_num)
         for group in optimizer.param_groups:
-            group['lr'] = lr
+            group['lr'] = lr * group['lr_scale']
         torch.manual_seed(seeded(iter_num, -1 - ddp_rank))  # dropout noise for this step and rank
         places = global_batch_places(iter_num)
         train_loss = torch.zeros((), device=device)
