@@ -415,7 +415,7 @@ class GPT(nn.Module):
         if unknown:
             raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
                              f"(names like blocks.0.attn.c_v.weight)")
-        groups = {}
+        groups = {(True, 1.0): [], (False, 1.0): []}  # this order first, as checkpoints' optimizer states have it
         for name, p in params.items():
             groups.setdefault((p.dim() >= 2, float(scales.get(name, 1.0))), []).append(p)
         groups = [{'params': ps, 'weight_decay': weight_decay if decays else 0.0, 'lr_scale': scale}
