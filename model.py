@@ -74,8 +74,9 @@ class GPTConfig:
     (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
     softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the "hidden residual")."""
     value_mapping: str = 'current'
-    """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)) or 'first'
-    (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)."""
+    """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)), 'first'
+    (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)
+    or 'identity' (λ1 V1 + λ2 A_n V_n: V1 added unattended, each position its own row)."""
     neutreno_lambda: float = 0.0
     """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off.
     Needs n_kv_head = n_head."""
@@ -153,10 +154,11 @@ class CausalSelfAttention(nn.Module):
         # every later one.
         self.mixes = config.mixes(layer)
         self.maps_first = self.mixes == 'value' and config.value_mapping == 'first'
+        self.maps_identity = self.mixes == 'value' and config.value_mapping == 'identity'
         self.explicit_softmax = config.value_residual and config.residual_type == 'attention' \
             and layer >= config.residual_source
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
-        self.general = self.mixes not in (None, 'value', 'hidden') or self.maps_first \
+        self.general = self.mixes not in (None, 'value', 'hidden') or self.maps_first or self.maps_identity \
             or self.explicit_softmax or self.c_k is None or self.shares_v or self.neutreno_lambda != 0 \
             or self.ve_gate is not None
 
@@ -415,7 +417,8 @@ class GPT(nn.Module):
         if unknown:
             raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
                              f"(names like blocks.0.attn.c_v.weight)")
-        groups = {(True, 1.0): [], (False, 1.0): []}  # this order first, as checkpoints' optimizer states have it
+        # the two groups of old, first and always, as saved optimizer states have them
+        groups = {(True, 1.0): [], (False, 1.0): []}
         for name, p in params.items():
             groups.setdefault((p.dim() >= 2, float(scales.get(name, 1.0))), []).append(p)
         groups = [{'params': ps, 'weight_decay': weight_decay if decays else 0.0, 'lr_scale': scale}
@@ -469,6 +472,8 @@ def general_attention(attn, x, rope, lam, source, prev, kv_cache, stats, value_e
         y = attention(q, k, v, dropout)
     if attn.maps_first:
         y = lam[0] * source.out + lam[1] * y  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
+    if attn.maps_identity:  # mapped by no attention (the paper's "identity mapping"): λ1 V1 + λ2 A_n V_n
+        y = lam[0] * newest(source.v, T).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) + lam[1] * y
     if attn.neutreno_lambda:
         y = y + attn.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
     if stats is not None:
@@ -684,10 +689,10 @@ def check_flags(cfg, need):
     need(cfg.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={cfg.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
     need(cfg.residual_type in ('value', 'query', 'key', 'attention', 'hidden'),
          f"residual_type={cfg.residual_type!r}; use 'value', 'query', 'key', 'attention' or 'hidden'")
-    need(cfg.value_mapping in ('current', 'first'),
-         f"value_mapping={cfg.value_mapping!r}; use 'current' or 'first'")
+    need(cfg.value_mapping in ('current', 'first', 'identity'),
+         f"value_mapping={cfg.value_mapping!r}; use 'current', 'first' or 'identity'")
     need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
-         f"value_mapping='first' maps values, but residual_type={cfg.residual_type!r}; "
+         f"value_mapping={cfg.value_mapping!r} maps values, but residual_type={cfg.residual_type!r}; "
          "use residual_type='value'")
     if cfg.neutreno_lambda:
         need(cfg.n_kv_head == cfg.n_head,

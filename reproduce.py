@@ -5,7 +5,7 @@ when interrupted, then summarised into results/<suite>/README.md (tables) and PN
 installed).
 
     python reproduce.py variants                  # run what is missing, then write results/variants/
-    python reproduce.py all                       # every suite: variants, depth, value_embed, scaling, lr, kv
+    python reproduce.py all                       # every suite, in the order of SUITES below
     python reproduce.py scaling --report_only     # tables from the runs finished so far
     python reproduce.py lr --dry_run              # list the runs and whether each is done
     python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
@@ -40,7 +40,7 @@ import torch
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent
-SUITES = ('variants', 'depth', 'value_embed', 'scaling', 'lr', 'kv')
+SUITES = ('variants', 'depth', 'value_embed', 'scaling', 'lr', 'kv', 'controls')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -72,6 +72,12 @@ BASELINE = 'vanilla'
 DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iters=100), 'gpu': {}}
 DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
                   'resformer_learnable_plus', 'svformer', 'neutreno']
+# Is ResFormer's gain only a faster-learning layer 1, or V1 itself without attention? At the paper's depth:
+# a Transformer whose layer-1 W_V and W_O train at 2x and 4x the rate (the paper's Sec. 4.3 control; it
+# publishes no multiplier, so two), and V1 added unattended (value_mapping='identity', Sec. 4.4's identity
+# mapping) with Identity ResFormer's weights, paired with the depth suite's Transformer.
+LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
+CONTROL_LR_SCALES = (2.0, 4.0)
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304}
 
@@ -113,6 +119,15 @@ def suite_groups(suite, scale):
                        ('cla', dict(variant='cla'))]
         return [(f'{label} T={T}', dict(settings, block_size=T, batch_size=tokens // T), f'{BASELINE} T={T}')
                 for T in SEQ_LENS[scale] for label, settings in kv_variants]
+    if suite == 'controls':
+        return ([(f'{BASELINE} L8', dict(variant=BASELINE, **DEPTH[scale]), f'{BASELINE} L8'),
+                 ('resformer_identity L8', dict(variant='resformer_identity', **DEPTH[scale]),
+                  f'{BASELINE} L8')]
+                + [(f'{BASELINE} layer-1 lr x{m:g} L8',
+                    dict(variant=BASELINE, lr_scales=[[name, m] for name in LAYER1], **DEPTH[scale]),
+                    f'{BASELINE} L8') for m in CONTROL_LR_SCALES]
+                + [('identity mapping L8', dict(variant='resformer_identity', value_mapping='identity',
+                                                **DEPTH[scale]), f'{BASELINE} L8')])
     raise ValueError(f"unknown suite {suite!r}")
 
 
@@ -133,8 +148,16 @@ def run_name(scale, settings):
     base = SCALES[scale]
     changed = {k: v for k, v in settings.items() if base.get(k) != v}
     keys = sorted(changed, key=lambda k: (k != 'variant', k == 'seed', k))  # variant first, seed last
-    return '_'.join([scale] + [f'{k}={changed[k]:g}' if isinstance(changed[k], float) else f'{k}={changed[k]}'
-                               for k in keys])
+    return '_'.join([scale] + [f'{k}={name_part(changed[k])}' for k in keys])
+
+
+def name_part(value):
+    """A setting's value as it appears in a run name: lr_scales' [[name, x], ...] as name@x+name@x."""
+    if isinstance(value, float):
+        return f'{value:g}'
+    if isinstance(value, list):
+        return '+'.join(f'{name}@{scale:g}' for name, scale in value)
+    return str(value)
 
 
 def suite_runs(suite, scale, seeds):
@@ -650,7 +673,7 @@ def plot(suite, groups, out_dir):
     fig.savefig(out_dir / 'curves.png', dpi=120)
     plt.close(fig)
     names = ['curves.png']
-    if suite in ('variants', 'depth', 'value_embed'):
+    if suite in ('variants', 'depth', 'value_embed', 'controls'):
         names.append(plot_deltas(suite, groups, out_dir, plt))
     if suite in ('scaling', 'lr', 'kv'):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -759,7 +782,7 @@ def write_report(suite, scale, seeds, results_dir):
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
-             'kv': kv_rows}
+             'kv': kv_rows, 'controls': grad_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')

@@ -47,6 +47,7 @@ ABLATION_CASES = {
     'attention_residual_v2': dict(variant='resformer_identity', residual_type='attention', residual_source=1),
     'mapping_first': dict(value_residual=True, value_mapping='first', lambdas=MIXED, n_kv_head=2),
     'mapping_first_rescaled': dict(variant='resformer_constant', value_mapping='first', value_rescale=True),
+    'mapping_identity': dict(value_residual=True, value_mapping='identity', lambdas=MIXED, n_kv_head=2),
     'hidden_h0': dict(value_residual=True, residual_type='hidden', lambdas=MIXED),
     'hidden_h1': dict(variant='resformer_identity', residual_type='hidden', residual_source=1),
     'learnable_key_residual': dict(variant='resformer_learnable', residual_type='key'),
@@ -190,6 +191,8 @@ def naive_forward(state, cfg, idx):
             u = probs @ V[j]
             if mixing and kind == 'value' and cfg.value_mapping == 'first':
                 u = lam[0] * src['U'][i] + lam[1] * u          # λ1 A_s V_s + λ2 A_n V_n
+            if mixing and kind == 'value' and cfg.value_mapping == 'identity':
+                u = lam[0] * src['V'][j] + lam[1] * u          # λ1 V_s + λ2 A_n V_n, V_s unattended
             if cfg.neutreno_lambda and n > s:                  # NeuTRENO: U_n += λ (V_s - V'_n)
                 u = u + cfg.neutreno_lambda * (src['V'][j] - V[j])
             outs.append(u)

@@ -155,7 +155,10 @@ def test_run_names_identify_settings():
     names = {name for suite in reproduce.SUITES for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3  # depth: 7 new groups; value_embed: 2 x 3 new
+    # depth: 7 new groups; value_embed: 2 x 3 new; controls: 3 new (its Transformer and Identity are depth's)
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 3 * 3
+    assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2' in reproduce.suite_runs(
+        'controls', 'cpu', [1337])[2][1]
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
 
