@@ -77,6 +77,9 @@ class GPTConfig:
     """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)), 'first'
     (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)
     or 'identity' (λ1 V1 + λ2 A_n V_n: V1 added unattended, each position its own row)."""
+    h0_residual: bool = True
+    """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
+    drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
     neutreno_lambda: float = 0.0
     """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off.
     Needs n_kv_head = n_head."""
@@ -208,6 +211,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer)
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
+        self.adds_input = layer > 0 or config.h0_residual
 
     def forward(self, x, rope, lam, source, prev, kv_cache, stats=None, value_embed=None):
         """source: the Heads of the residual's source layer (layer 1's: V1), None up to it; prev: the previous
@@ -217,7 +221,7 @@ class Block(nn.Module):
                                          stats, value_embed)
         else:
             y, heads = self.attn(self.norm_attn(x), rope, lam, None if source is None else source.v, kv_cache)
-        x = x + y
+        x = x + y if self.adds_input else y
         return x + self.mlp(self.norm_mlp(x)), heads
 
 

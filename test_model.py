@@ -48,6 +48,7 @@ ABLATION_CASES = {
     'mapping_first': dict(value_residual=True, value_mapping='first', lambdas=MIXED, n_kv_head=2),
     'mapping_first_rescaled': dict(variant='resformer_constant', value_mapping='first', value_rescale=True),
     'mapping_identity': dict(value_residual=True, value_mapping='identity', lambdas=MIXED, n_kv_head=2),
+    'v2_source_no_h0_residual': dict(variant='resformer_identity', residual_source=1, h0_residual=False),
     'hidden_h0': dict(value_residual=True, residual_type='hidden', lambdas=MIXED),
     'hidden_h1': dict(variant='resformer_identity', residual_type='hidden', residual_source=1),
     'learnable_key_residual': dict(variant='resformer_learnable', residual_type='key'),
@@ -198,7 +199,7 @@ def naive_forward(state, cfg, idx):
             outs.append(u)
         if n == s:
             src.update(Q=Q, K=K_raw, V=V, A=probs_all, U=outs)
-        x = x + torch.cat(outs, dim=-1) @ W[p + 'attn.c_proj.weight'].T
+        x = (x if n > 0 or cfg.h0_residual else 0) + torch.cat(outs, dim=-1) @ W[p + 'attn.c_proj.weight'].T
         h = rmsnorm(x, W[p + 'norm_mlp.weight'])
         gate, up = h @ W[p + 'mlp.c_gate.weight'].T, h @ W[p + 'mlp.c_up.weight'].T
         x = x + (gate * torch.sigmoid(gate) * up) @ W[p + 'mlp.c_down.weight'].T

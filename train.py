@@ -72,11 +72,12 @@ lambda_mode = 'fixed'  # 'fixed', 'learnable' (starting from lambdas) or 'plus' 
 value_rescale = False  # divide the mixed values by λ_{n,1} + λ_{n,2} (our reading of the paper)
 residual_source = 0  # residual's source layer: 0 = V1 (the paper), 1 = V2; H0/H1 for residual_type='hidden'
 residual_type = 'value'  # it mixes: 'value' (ResFormer), 'query', 'key', 'attention' or 'hidden' (Sec. 4.4)
-value_mapping = 'current'  # 'current' (A_n maps V1, ResFormer) or 'first' (layer 1's own A_1 V1; Sec. 4.4)
+value_mapping = 'current'  # 'current' (A_n maps V1: ResFormer), 'first' (A_1 V1) or 'identity' (V1; Sec. 4.4)
 neutreno_lambda = 0.0  # NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n); 0 = off
 denseformer = False  # DenseFormer baseline: each block's input a learned average of all earlier outputs
 share_kv = 'none'  # sharing across pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
 value_embeds = False  # nanochat's value embeddings: every other layer adds a gated token table to its values
+h0_residual = True  # False: block 1 drops its residual connection from H0 (Sec. 4.4's V2-source ablation)
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
 max_iters = 600
