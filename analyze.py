@@ -1,6 +1,7 @@
 """
-Where does attention go? The paper's attention-concentration analysis, per layer, for training runs side by
-side on the same validation windows, with runs of the same variant (seeds) averaged.
+Where does attention go? The paper's attention-concentration analysis and its Sec. 4.5 post-analyses, per
+layer, for training runs side by side on the same validation windows, with runs of the same variant (seeds)
+averaged.
 
     python analyze.py out/ablation_vanilla out/ablation_resformer_identity out/ablation_svformer
     python analyze.py results/runs/*/ --num_seqs=16 --seq_len=512 --out=analysis
@@ -33,6 +34,11 @@ Per layer (1-based, as in the paper), averaged over the windows:
   hidden_norm       mean L2 norm of the block outputs
   hidden_cos        mean cosine similarity between the block outputs of different tokens
   key_cos           the same for keys, per KV head, averaged over heads
+Sec. 4.5's post-analyses, our reading of them (no source we could read gives the procedure exactly):
+  value_cos_v1      cosine similarity between layer 1's values V1 and the values layer n attends over (V'_n
+                    for ResFormer), per KV head and position, averaged: 1 in layer 1, and in every SVFormer
+                    layer, which attends over V1 itself
+  hidden_cos_h1     the same between layer 1's block output and layer n's, per position
 
 Writes <out>/metrics.json (every run, and each group's mean and std), <out>/metrics.csv (per group and
 layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth, ± std shaded.
@@ -64,10 +70,12 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_')
 # -----------------------------------------------------------------------------
 # (the settings are applied at the bottom, so that `import analyze` gives the metric functions and runs nothing)
 
-METRICS = {  # name: column title
+CONCENTRATION = {  # name: column title
     'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm', 'first_value_norm': 'first value',
     'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos', 'key_cos': 'key cos',
 }
+POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn'}  # Sec. 4.5
+METRICS = {**CONCENTRATION, **POST_ANALYSES}
 RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs of one group may differ
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -97,6 +105,7 @@ def mean_cosine_similarity(states):
 def layer_metrics(stats):
     """{metric: (n_layer, B) tensor} from the stats a forward pass filled (see GPT.forward)."""
     rows = []
+    v1, h1 = stats['values'][0], stats['hidden'][0]
     for attn, keys, values, hidden in zip(stats['attn'], stats['keys'], stats['values'], stats['hidden']):
         value_norms = token_norms(values)  # (B, n_kv_head, T)
         entropy = importance_entropy(attn)
@@ -108,8 +117,10 @@ def layer_metrics(stats):
             'hidden_norm': token_norms(hidden).mean(dim=1),
             'hidden_cos': mean_cosine_similarity(hidden),
             'key_cos': mean_cosine_similarity(keys).mean(dim=1),
+            'value_cos_v1': F.cosine_similarity(values, v1, dim=-1).mean(dim=(1, 2)),
+            'hidden_cos_h1': F.cosine_similarity(hidden, h1, dim=-1).mean(dim=1),
         })
-    return {name: torch.stack([row[name] for row in rows]) for name in METRICS}
+    return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
 
 # -----------------------------------------------------------------------------
 # runs and their groups
@@ -236,10 +247,12 @@ def print_table(label, group):
     print(f"\n{label}: {group['n_layer']} layers, iter {group['iter_num']}, {len(group['runs'])} run(s): "
           f"{', '.join(group['runs'])}" + (" (mean ± std over runs)" if std else ""))
     width = 17 if std else 13
-    print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in METRICS.values()))
-    for layer in range(group['n_layer']):
-        cells = [f"{mean[name][layer]:.4f}" + (f"±{std[name][layer]:.4f}" if std else "") for name in METRICS]
-        print(f"{layer + 1:>5} " + " ".join(f"{cell:>{width}}" for cell in cells))
+    for columns in (CONCENTRATION, POST_ANALYSES):
+        print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in columns.values()))
+        for layer in range(group['n_layer']):
+            cells = [f"{mean[name][layer]:.4f}" + (f"±{std[name][layer]:.4f}" if std else "")
+                     for name in columns]
+            print(f"{layer + 1:>5} " + " ".join(f"{cell:>{width}}" for cell in cells))
 
 
 def write_files(groups, windows_info):

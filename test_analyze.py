@@ -81,6 +81,29 @@ def test_layer_metrics_of_a_forward_pass():
     assert torch.allclose(metrics['first_value_norm'][0], stats['values'][0][:, 0, 0].norm(dim=-1))  # one KV head
 
 
+def test_cosine_similarity_with_layer_1_is_per_position():
+    v1 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # two positions
+    values = [v1, torch.tensor([[0.0, 3.0], [1.0, 1.0]]), -2 * v1]  # cos 0 and 1/√2; then -1 at both
+    stats = {'attn': [torch.eye(2)[None, None]] * 3, 'keys': [v1[None, None]] * 3,  # B = 1, one head
+             'values': [v[None, None] for v in values], 'hidden': [v[None] for v in values]}
+    metrics = layer_metrics(stats)
+    expected = [1, (0 + 2 ** -0.5) / 2, -1]
+    assert metrics['value_cos_v1'][:, 0].tolist() == pytest.approx(expected)
+    assert metrics['hidden_cos_h1'][:, 0].tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize('n_kv_head', [2, 1])
+def test_svformer_values_are_v1_in_every_layer(n_kv_head):
+    torch.manual_seed(0)
+    model, stats = GPT(GPTConfig(**TINY, variant='svformer', n_kv_head=n_kv_head)), {}
+    with torch.no_grad():
+        model(torch.randint(TINY['vocab_size'], (2, 10)), stats=stats)
+    metrics = layer_metrics(stats)
+    assert metrics['value_cos_v1'].flatten().tolist() == pytest.approx([1] * 2 * TINY['n_layer'], abs=1e-6)
+    assert metrics['hidden_cos_h1'][0].tolist() == pytest.approx([1, 1])
+    assert (metrics['hidden_cos_h1'][1:] < 0.999).all()  # hidden states do change with depth
+
+
 DOCUMENTS = [f"doc {i}: the quick brown fox jumps over the lazy dog {i % 7} times." for i in range(30)]
 
 
@@ -163,6 +186,12 @@ def test_document_start_windows_and_seeds_averaged(runs):
     assert vanilla['mean']['entropy'] == pytest.approx(seeds.mean(axis=0), rel=1e-5)
     assert vanilla['std']['entropy'] == pytest.approx(seeds.std(axis=0, ddof=1), rel=1e-4)
     assert report['groups']['resformer_identity']['std'] is None  # one run
+    # Sec. 4.5's post-analyses: per layer, the cosines with layer 1
+    for name in ('value_cos_v1', 'hidden_cos_h1'):
+        assert len(vanilla['mean'][name]) == 3 and len(vanilla['std'][name]) == 3
+    assert vanilla['mean']['value_cos_v1'][0] == pytest.approx(1)
+    assert vanilla['mean']['hidden_cos_h1'][0] == pytest.approx(1)
+    assert "cos V1,V'n" in result.stdout
     assert 'vanilla: 3 layers, iter 20, 2 run(s): vanilla_1/ckpt.pt, vanilla_2/ckpt.pt (mean ± std over runs)' \
         in result.stdout
 
