@@ -1,7 +1,7 @@
 """
-Where does attention go? The paper's attention-concentration analysis and its Sec. 4.5 post-analyses, per
-layer, for training runs side by side on the same validation windows, with runs of the same variant (seeds)
-averaged.
+Where does attention go, and what does each layer add? The paper's attention-concentration analysis and its
+Sec. 4.5 post-analyses, per layer, for training runs side by side on the same validation windows, with runs
+of the same variant (seeds) averaged.
 
     python analyze.py out/ablation_vanilla out/ablation_resformer_identity out/ablation_svformer
     python analyze.py results/runs/*/ --num_seqs=16 --seq_len=512 --out=analysis
@@ -34,15 +34,21 @@ Per layer (1-based, as in the paper), averaged over the windows:
   hidden_norm       mean L2 norm of the block outputs
   hidden_cos        mean cosine similarity between the block outputs of different tokens
   key_cos           the same for keys, per KV head, averaged over heads
-Sec. 4.5's post-analyses, our reading of them (no source we could read gives the procedure exactly):
+Sec. 4.5's post-analyses, our reading of them (no source we could read gives either procedure exactly):
   value_cos_v1      cosine similarity between layer 1's values V1 and the values layer n attends over (V'_n
                     for ResFormer), per KV head and position, averaged: 1 in layer 1, and in every SVFormer
                     layer, which attends over V1 itself
   hidden_cos_h1     the same between layer 1's block output and layer n's, per position
+  skip_attn         the loss increase when layer n's attention sublayer outputs zeros (its W_O output), the
+                    rest of the model unchanged: skipping layer 1's attention still hands V1 to later layers
+  skip_mlp          the same for layer n's MLP
+The losses are on the same windows, each predicting its own next tokens; `loss` (one number per run) is the
+model's with nothing skipped.
 
 Writes <out>/metrics.json (every run, and each group's mean and std), <out>/metrics.csv (per group and
 layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth, ± std shaded.
 """
+import contextlib
 import csv
 import json
 import math
@@ -74,7 +80,8 @@ CONCENTRATION = {  # name: column title
     'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm', 'first_value_norm': 'first value',
     'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos', 'key_cos': 'key cos',
 }
-POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn'}  # Sec. 4.5
+POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'skip_attn': 'Δloss -attn',
+                 'skip_mlp': 'Δloss -MLP'}  # Sec. 4.5
 METRICS = {**CONCENTRATION, **POST_ANALYSES}
 RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs of one group may differ
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,6 +128,32 @@ def layer_metrics(stats):
             'hidden_cos_h1': F.cosine_similarity(hidden, h1, dim=-1).mean(dim=1),
         })
     return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
+
+
+@contextlib.contextmanager
+def zeroed(module):
+    """Within the block, module's output is replaced by zeros."""
+    handle = module.register_forward_hook(lambda module, args, output: torch.zeros_like(output))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def sublayer_losses(model, inputs, targets):
+    """(loss, {'skip_attn': (n_layer,), 'skip_mlp': (n_layer,)}): the model's loss, and how much it rises when
+    one layer's attention or MLP sublayer outputs zeros. The attention sublayer's output is its W_O projection
+    (c_proj, where both of model.py's attention paths end), so what the layer hands on to later ones (V1, for
+    layer 1) is untouched."""
+    loss = model(inputs, targets)[1].item()
+    skips = {}
+    for kind in ('attn', 'mlp'):
+        increases = []
+        for block in model.blocks:
+            with zeroed(block.attn.c_proj if kind == 'attn' else block.mlp):
+                increases.append(model(inputs, targets)[1].item() - loss)
+        skips[f'skip_{kind}'] = torch.tensor(increases)
+    return loss, skips
 
 # -----------------------------------------------------------------------------
 # runs and their groups
@@ -224,22 +257,26 @@ def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
 
 @torch.no_grad()
 def analyze(model, windows, desc):
-    """{metric: per-layer mean over the windows}."""
-    per_window = []
+    """{metric: per-layer mean over the windows, 'loss': the model's loss on them}."""
+    per_window, losses = [], []
     # one window at a time: the attention probabilities alone are n_layer * n_head * seq_len^2 floats per window
     for window in tqdm(windows, desc=desc, leave=False):
-        stats = {}
-        model(window[None].to(device), stats=stats)
-        per_window.append(layer_metrics(stats))
-    return {name: torch.cat([m[name] for m in per_window], dim=1).mean(dim=1).tolist() for name in METRICS}
+        window, stats = window[None].to(device), {}
+        model(window, stats=stats)
+        loss, skips = sublayer_losses(model, window[:, :-1], window[:, 1:])
+        per_window.append({**layer_metrics(stats), **{name: skip[:, None] for name, skip in skips.items()}})
+        losses.append(loss)
+    metrics = {name: torch.cat([m[name] for m in per_window], dim=1).mean(dim=1).tolist() for name in METRICS}
+    return {**metrics, 'loss': float(np.mean(losses))}  # windows of equal length: the mean over their tokens
 
 
 def summarize(per_run):
-    """(mean, std) per metric and layer over a group's runs; std is None for a single run."""
-    mean = {name: np.mean([run[name] for run in per_run], axis=0).tolist() for name in METRICS}
+    """(mean, std) per metric and layer, and of the loss, over a group's runs; std None for a single run."""
+    names = per_run[0]
+    mean = {name: np.mean([run[name] for run in per_run], axis=0).tolist() for name in names}
     if len(per_run) == 1:
         return mean, None
-    return mean, {name: np.std([run[name] for run in per_run], axis=0, ddof=1).tolist() for name in METRICS}
+    return mean, {name: np.std([run[name] for run in per_run], axis=0, ddof=1).tolist() for name in names}
 
 
 def print_table(label, group):
@@ -248,6 +285,9 @@ def print_table(label, group):
           f"{', '.join(group['runs'])}" + (" (mean ± std over runs)" if std else ""))
     width = 17 if std else 13
     for columns in (CONCENTRATION, POST_ANALYSES):
+        if columns is POST_ANALYSES:
+            print(f"Sec. 4.5, our reading: loss {mean['loss']:.4f}" + (f"±{std['loss']:.4f}" if std else "")
+                  + "; Δloss: its increase with the layer's attention or MLP output zeroed")
         print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in columns.values()))
         for layer in range(group['n_layer']):
             cells = [f"{mean[name][layer]:.4f}" + (f"±{std[name][layer]:.4f}" if std else "")

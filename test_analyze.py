@@ -1,5 +1,6 @@
 """analyze.py: its metrics on hand-built matrices, and runs on tiny checkpoints of data prepared by prepare.py."""
 import contextlib
+import copy
 import csv
 import io
 import json
@@ -13,10 +14,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import prepare
 
-from analyze import importance_entropy, layer_metrics, mean_cosine_similarity, token_norms
+from analyze import importance_entropy, layer_metrics, mean_cosine_similarity, sublayer_losses, token_norms
 from model import GPT, GPTConfig, load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 
@@ -104,6 +106,61 @@ def test_svformer_values_are_v1_in_every_layer(n_kv_head):
     assert (metrics['hidden_cos_h1'][1:] < 0.999).all()  # hidden states do change with depth
 
 
+@pytest.fixture
+def tiny_resformer():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, variant='resformer_identity', n_kv_head=1)).eval()
+    idx = torch.randint(TINY['vocab_size'], (2, 12))
+    return model, idx[:, :-1], idx[:, 1:]
+
+
+def loss_of(model, inputs, targets):
+    with torch.no_grad():
+        return model(inputs, targets)[1].item()
+
+
+def test_skipping_nothing_is_the_model_loss_and_every_skip_changes_it(tiny_resformer):
+    model, inputs, targets = tiny_resformer
+    with torch.no_grad():
+        loss, skips = sublayer_losses(model, inputs, targets)
+    assert loss == loss_of(model, inputs, targets)  # also: no sublayer is left zeroed afterwards
+    assert [len(skip) for skip in skips.values()] == [TINY['n_layer']] * 2
+    assert all((skip != 0).all() for skip in skips.values())
+
+
+def test_a_skipped_sublayer_is_its_output_projection_zeroed(tiny_resformer):
+    """Skipping layer n's attention is its W_O set to zero, its MLP the MLP's down projection: what else the
+    layer computes, V1 in layer 1, still reaches later layers (zeroing layer 1's W_V gives another loss)."""
+    model, inputs, targets = tiny_resformer
+    with torch.no_grad():
+        loss, skips = sublayer_losses(model, inputs, targets)
+    for kind, weight in [('attn', 'attn.c_proj'), ('mlp', 'mlp.c_down')]:
+        for n in range(TINY['n_layer']):
+            zeroed = copy.deepcopy(model)
+            zeroed.get_parameter(f'blocks.{n}.{weight}.weight').data.zero_()
+            expected = loss_of(zeroed, inputs, targets) - loss
+            assert skips[f'skip_{kind}'][n].item() == pytest.approx(expected, abs=1e-5)
+    without_v1 = copy.deepcopy(model)
+    without_v1.blocks[0].attn.c_v.weight.data.zero_()
+    skipped_attention = skips['skip_attn'][0].item()
+    assert loss_of(without_v1, inputs, targets) - loss != pytest.approx(skipped_attention, abs=1e-3)
+
+
+def test_skipping_the_last_mlp_by_hand():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(TINY, n_layer=2))).eval()
+    idx = torch.randint(TINY['vocab_size'], (2, 12))
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+    with torch.no_grad():
+        loss, skips = sublayer_losses(model, inputs, targets)
+        rope, lambdas = (model.rope_cos[:11], model.rope_sin[:11]), model.lambdas
+        x, _ = model.blocks[0](model.wte(inputs), rope, lambdas[0], None, None, None)
+        last = model.blocks[1]
+        x = x + last.attn(last.norm_attn(x), rope, lambdas[1], None, None)[0]  # and no MLP
+        by_hand = F.cross_entropy(model.lm_head(model.norm_f(x)).flatten(0, 1), targets.flatten()).item()
+    assert skips['skip_mlp'][1].item() == pytest.approx(by_hand - loss, abs=1e-5)
+
+
 DOCUMENTS = [f"doc {i}: the quick brown fox jumps over the lazy dog {i % 7} times." for i in range(30)]
 
 
@@ -160,6 +217,14 @@ def entropies_of(path, windows):
     return np.array([importance_entropy(attn).mean().item() for attn in stats['attn']])
 
 
+def losses_of(path, windows):
+    """The model's loss on each window, predicting its own next tokens."""
+    model, _ = load_checkpoint(str(path))
+    windows = torch.tensor(windows.astype(np.int64))
+    with one_thread():
+        return np.array([loss_of(model, w[None, :-1], w[None, 1:]) for w in windows])
+
+
 def test_document_start_windows_and_seeds_averaged(runs):
     result = analyze_cli(runs, 'vanilla_1', 'vanilla_2/ckpt.pt', 'resformer', '--num_seqs=3', '--seq_len=64',
                          '--out=results')
@@ -186,12 +251,16 @@ def test_document_start_windows_and_seeds_averaged(runs):
     assert vanilla['mean']['entropy'] == pytest.approx(seeds.mean(axis=0), rel=1e-5)
     assert vanilla['std']['entropy'] == pytest.approx(seeds.std(axis=0, ddof=1), rel=1e-4)
     assert report['groups']['resformer_identity']['std'] is None  # one run
-    # Sec. 4.5's post-analyses: per layer, the cosines with layer 1
-    for name in ('value_cos_v1', 'hidden_cos_h1'):
+    # Sec. 4.5's post-analyses: the loss on the windows; per layer, the cosines with layer 1 and the skips
+    seed_losses = [losses_of(runs / name / 'ckpt.pt', windows).mean() for name in ('vanilla_1', 'vanilla_2')]
+    assert vanilla['mean']['loss'] == pytest.approx(np.mean(seed_losses), rel=1e-5)
+    assert vanilla['std']['loss'] == pytest.approx(np.std(seed_losses, ddof=1), rel=1e-4)
+    assert vanilla['per_run']['vanilla_1/ckpt.pt']['loss'] == pytest.approx(seed_losses[0], rel=1e-5)
+    for name in ('value_cos_v1', 'hidden_cos_h1', 'skip_attn', 'skip_mlp'):
         assert len(vanilla['mean'][name]) == 3 and len(vanilla['std'][name]) == 3
     assert vanilla['mean']['value_cos_v1'][0] == pytest.approx(1)
     assert vanilla['mean']['hidden_cos_h1'][0] == pytest.approx(1)
-    assert "cos V1,V'n" in result.stdout
+    assert 'Sec. 4.5, our reading: loss' in result.stdout and 'Δloss -MLP' in result.stdout
     assert 'vanilla: 3 layers, iter 20, 2 run(s): vanilla_1/ckpt.pt, vanilla_2/ckpt.pt (mean ± std over runs)' \
         in result.stdout
 
