@@ -106,10 +106,10 @@ def test_svformer_values_are_v1_in_every_layer(n_kv_head):
     assert (metrics['hidden_cos_h1'][1:] < 0.999).all()  # hidden states do change with depth
 
 
-@pytest.fixture
-def tiny_resformer():
+@pytest.fixture(params=['current', 'identity'])  # model.py's paper path, and its general one
+def tiny_resformer(request):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, variant='resformer_identity', n_kv_head=1)).eval()
+    model = GPT(GPTConfig(**TINY, variant='resformer_identity', value_mapping=request.param, n_kv_head=1)).eval()
     idx = torch.randint(TINY['vocab_size'], (2, 12))
     return model, idx[:, :-1], idx[:, 1:]
 
