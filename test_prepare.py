@@ -529,13 +529,13 @@ def test_a_rerun_keeps_other_files(prepared):
 # whatever the machine's load (polling for the lock file lost the race to a small input on a busy machine)
 STOPPED_HOLDING_THE_LOCK = """import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import prepare
-take_lock = prepare.lock
+import prepare, support
+take_lock = support.hold
 def take_lock_and_stop(*args):
-    fd = take_lock(*args)
+    held = take_lock(*args)
     os.kill(os.getpid(), signal.SIGSTOP)
-    return fd
-prepare.lock = take_lock_and_stop
+    return held
+support.hold = take_lock_and_stop
 prepare.main(sys.argv[2:])
 """
 
@@ -558,11 +558,12 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True)
     first.send_signal(signal.SIGCONT)
     assert first.wait() == 0, first.communicate()
-    assert second.stderr == f"prepare.py: another prepare.py is writing pp (it holds {tmp_path}/.pp.lock); wait for " \
-                            f"it to finish, or pass another --out_dir\n" and second.returncode == 1
+    assert second.stderr == f"prepare.py: another prepare.py (process {first.pid}) is writing pp (it holds " \
+                            f"{tmp_path}/.pp.lock); wait for it to finish, or pass another --out_dir\n"
+    assert second.returncode == 1
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
-    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]  # no lock file left
+    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]  # the lock file stays, let go
 
     # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
     before = snapshot(tmp_path / "pp")
@@ -572,7 +573,28 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     assert snapshot(tmp_path / "pp") == before
     run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
     assert sorted(os.listdir(tmp_path / "pp")) == ["meta.json", "train.bin", "val.bin"]
-    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]
+    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]
+
+
+def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_path, monkeypatch):
+    """Windows has no fcntl: nothing in prepare.py needs it, and its lock (filelock's: msvcrt on Windows, here the
+    marker file filelock uses without fcntl) still keeps a second run out. Simulated on this machine."""
+    (tmp_path / "no_fcntl").mkdir()
+    (tmp_path / "no_fcntl" / "sitecustomize.py").write_text("import sys\nsys.modules['fcntl'] = None\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "no_fcntl"))
+    assert subprocess.run([sys.executable, "-c", "import fcntl"], capture_output=True).returncode == 1
+    (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
+    (tmp_path / "other.txt").write_text("other text\n" * 50)
+    first = holding_the_lock("--input=first.txt", "--out_dir=pp", cwd=tmp_path)
+    second = run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path, check=False)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait() == 0, first.communicate()
+    one_line_error(second, f"another prepare.py (process {first.pid}) is writing pp")
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)  # once the first has let go, the second's turn
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
 
 
 def test_pipes_are_not_read(tmp_path):
@@ -602,7 +624,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
                                     f"free space or pass another --out_dir")
     assert snapshot(out) == before  # the prepared folder as it was, no .partial
     assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "data"]  # no new/deeper/, no lock file
-    assert sorted(os.listdir(tmp_path / "data")) == ["corpus_char"]
+    assert sorted(os.listdir(tmp_path / "data")) == [".corpus_char.lock", "corpus_char"]  # the first run's
 
 
 def test_few_uneven_files_are_split_by_token_share(tmp_path):
