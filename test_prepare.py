@@ -269,7 +269,9 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     longest = max(len(enc.encode_ordinary(r["text"])) + 1 for r in records)
     domain_of = {r["text"]: r["meta"]["redpajama_set_name"] for r in records}
     documents = {}
-    for split, budget in [("train", max_tokens), ("val", val_tokens)]:
+    quotas = {"train": {domain: weight * max_tokens for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items()},
+              "val": dict.fromkeys(prepare.SLIMPAJAMA_WEIGHTS, math.ceil(val_tokens / 7))}  # each domain alike
+    for split in ("train", "val"):
         ids = tokens(out, split)
         assert len(ids) == meta[f"{split}_tokens"] and ids[-1] == EOT
         documents[split] = enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
@@ -277,11 +279,13 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
         for doc in documents[split]:
             counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1  # whole documents, known domains only
         assert counted == meta[f"{split}_domain_tokens"]
-        for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items():
-            assert weight * budget <= counted[domain] < weight * budget + longest, (split, domain)
+        for domain, quota in quotas[split].items():
+            assert quota <= counted[domain] < quota + longest, (split, domain)
 
     shards = sorted(os.listdir(out))
-    assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"] and "val_00000.bin" in shards
+    assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"]
+    assert [name for name in shards if name.startswith("val")] == \
+        sorted(f"val_{domain}_00000.bin" for domain in prepare.SLIMPAJAMA_WEIGHTS)
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
     assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard, so it joins the last
     assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
@@ -291,6 +295,64 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     assert "already prepared" in run_prepare("--dataset=slimpajama", f"--input={corpus}",
                                              f"--max_tokens={max_tokens}", f"--val_tokens={val_tokens}",
                                              "--shard_tokens=3000", f"--out_dir={out}").stdout
+
+
+def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
+    """Each domain gets an equal share of --val_tokens in files of its own, whatever its training weight and however
+    much validation text it has; open_val_domains gives each domain's tokens only; open_split's 'val' is them all,
+    and val_doc_starts index that."""
+    rng = random.Random(5)
+    domains = list(prepare.SLIMPAJAMA_WEIGHTS)
+    root, texts = tmp_path / "slim", []
+    for split, per_domain in [("train", {domain: 40 for domain in domains}),
+                              ("validation", {**{domain: 30 for domain in domains}, "RedPajamaCommonCrawl": 300,
+                                              "RedPajamaBook": 0})]:  # no Book at all in validation
+        (root / split).mkdir(parents=True)
+        records = [{"text": f"{split} {domain} {i}: {words(rng, rng.randint(5, 30))}",
+                    "meta": {"redpajama_set_name": domain}} for domain in domains for i in range(per_domain[domain])]
+        rng.shuffle(records)
+        texts += [r["text"] for r in records]
+        (root / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    result = run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=1400",
+                         "--shard_tokens=100", f"--out_dir={out}")
+    assert "note: no validation documents of RedPajamaBook: the validation loss is the mean over the other " \
+           "domains" in result.stdout
+
+    meta = prepare.load_meta(str(out))
+    scored = [domain for domain in domains if domain != "RedPajamaBook"]
+    assert sorted(meta["val_domains"]) == sorted(scored)
+    enc = prepare.gpt2_encoding()
+    longest = max(len(enc.encode_ordinary(text)) + 1 for text in texts)
+    by_domain = prepare.open_val_domains(str(out))
+    for domain in scored:
+        files = meta["val_domains"][domain]
+        assert len(files) >= 2 and files == [f"val_{domain}_{k:05d}.bin" for k in range(len(files))]
+        ids = np.concatenate(by_domain[domain])
+        assert len(ids) == meta["val_domain_tokens"][domain] == sum(meta["files"][name] for name in files)
+        assert 200 <= len(ids) < 200 + longest  # an equal share (1400 / 7) in whole documents, CommonCrawl's too
+        docs = enc.decode(ids.tolist()).split("<|endoftext|>")
+        assert docs[-1] == "" and all(doc.startswith(f"validation {domain} ") for doc in docs[:-1])
+        assert len(docs) - 1 == meta["val_domain_documents"][domain]
+    assert meta["val_domain_tokens"]["RedPajamaBook"] == 0 and meta["train_domain_tokens"]["RedPajamaBook"] > 0
+
+    val = tokens(out, "val")  # every domain's files, in sorted order
+    assert val.tolist() == np.concatenate([np.concatenate(by_domain[domain]) for domain in sorted(scored)]).tolist()
+    assert len(val) == meta["val_tokens"]
+    starts = meta["val_doc_starts"]
+    assert len(starts) == meta["val_documents"] and starts[0] == 0
+    assert all(enc.decode(val[s:s + 2].tolist()).startswith("validation") for s in starts)
+    assert all(val[s - 1] == EOT for s in starts[1:])
+
+    # a rerun with other settings replaces every domain's files, and only this script's
+    (out / "val_RedPajamaC4_00009.bin").write_bytes(b"\0\0")  # as an earlier run with more shards would leave
+    (out / "val_mine_00000.bin").write_bytes(b"mine")
+    run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=700",
+                "--shard_tokens=100", f"--out_dir={out}")
+    meta = prepare.load_meta(str(out))
+    written = {name for files in meta["val_domains"].values() for name in files}
+    assert {name for name in os.listdir(out) if name.startswith("val")} == written | {"val_mine_00000.bin"}
+    assert all(100 <= meta["val_domain_tokens"][domain] < 100 + longest for domain in scored)
 
 
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
