@@ -602,6 +602,10 @@ prepare.main(sys.argv[2:])
 """
 
 
+# the tests that use it need POSIX's SIGSTOP and os.waitid (not Windows)
+needs_waitid = pytest.mark.skipif(not hasattr(os, "waitid"), reason="stops a run with SIGSTOP, waits with os.waitid")
+
+
 def holding_the_lock(*args, cwd):
     """A prepare.py run stopped while it holds its lock (it reads its input first); SIGCONT lets it go on."""
     run = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDING_THE_LOCK, REPO, "--num_proc=1", *args], cwd=cwd,
@@ -612,6 +616,7 @@ def holding_the_lock(*args, cwd):
     return run
 
 
+@needs_waitid
 def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
     (tmp_path / "other.txt").write_text("other text\n" * 50)
@@ -638,6 +643,7 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]
 
 
+@needs_waitid
 def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_path, monkeypatch):
     """Windows has no fcntl: nothing in prepare.py needs it, and its lock (filelock's: msvcrt on Windows, here the
     marker file filelock uses without fcntl) still keeps a second run out. Simulated on this machine."""
@@ -659,6 +665,7 @@ def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_pa
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX's")
 def test_pipes_are_not_read(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -671,6 +678,7 @@ def test_pipes_are_not_read(tmp_path):
     assert not os.path.exists(tmp_path / "fifo")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="simulated with Linux's /dev/full")
 def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch):
     tmp_path, out, before = prepared
 
@@ -732,6 +740,7 @@ def test_out_dir_that_is_a_file(tmp_path):
     assert (tmp_path / "taken").read_text() == "a file"
 
 
+@pytest.mark.skipif(os.name != "posix", reason="a read-only folder by POSIX permissions")
 def test_read_only_out_dir(prepared, monkeypatch, capsys):
     tmp_path, out, before = prepared
     (tmp_path / "corpus.txt").write_text("other text\n" * 30)
