@@ -47,6 +47,7 @@ def try_lock(path, script):
     process that holds it otherwise ("process unknown" in the instant before it writes its pid). A file
     system without file locks (flock fails with ENOSYS: Lustre mounted without -o flock, say) ends script
     with one line that says so; an OSError of the folder (read-only, missing) is the caller's to report."""
+    path = os.path.abspath(path)  # the pid file is removed from the same place if the working folder changes
     try:  # filelock 4 would fall back to a marker file, which a run killed on another machine leaves held
         lock = filelock.FileLock(path, timeout=0, fallback_to_soft=False)
     except TypeError:  # filelock 3: no such argument, and no fallback (it raises NotImplementedError)
@@ -58,7 +59,7 @@ def try_lock(path, script):
     except (NotImplementedError, OSError) as e:
         if isinstance(e, OSError) and e.errno != errno.ENOSYS:
             raise
-        raise SystemExit(f"{script}: the file system of {os.path.dirname(os.path.abspath(path))} has no file "
+        raise SystemExit(f"{script}: the file system of {os.path.dirname(path)} has no file "
                          f"locks (flock: ENOSYS, as on Lustre mounted without -o flock); use a folder on one "
                          f"that has them (a local disk, or Lustre mounted with -o flock)") from None
     held = Lock(path, lock)
