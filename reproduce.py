@@ -20,7 +20,6 @@ same variant at a tiny shape. A summary whose probe differs from today's code's 
 trains differently ("stale"): the reports say so, and --retrain retrains it.
 """
 import argparse
-import fcntl
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+import support
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent
@@ -219,8 +219,9 @@ def stop(signum, frame):
 def train(command, env, stdout):
     """Run train.py to its end; reproduce.py's SIGTERM or Ctrl-C reaches it (it saves),
     and so does its death."""
+    # Windows' subprocess takes no preexec_fn: there a run outlives a reproduce.py that is killed
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                             preexec_fn=end_with_parent)
+                             preexec_fn=end_with_parent if os.name == 'posix' else None)
     children.add(child)
     try:
         return child.wait()
@@ -340,18 +341,6 @@ def summarize(run_dir, settings, seconds):
             'seconds': seconds}
 
 
-def lock(path):
-    """An exclusive lock on path, or None when another process holds it;
-    the OS drops it when its holder dies."""
-    handle = open(path, 'a')
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
-
-
 def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
     """Train every run that has no summary yet (and, with retrain, every stale one): one per GPU when
     there are several, else `jobs` at a time on the CPU, splitting its cores between them.
@@ -381,16 +370,17 @@ def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
     def work(name):
         if stopping.is_set():
             return name, 'not started: reproduce.py was stopped'
-        held = lock(runs_dir / f'{name}.lock')  # one trainer per run, across reproduce.py processes
+        # one trainer per run, across reproduce.py processes
+        held, holder = support.try_lock(str(runs_dir / f'{name}.lock'), 'reproduce.py')
         if held is None:
-            return name, 'skipped: another reproduce.py is training it'
+            return name, f'skipped: another reproduce.py ({holder}) is training it'
         env = free_envs.get()
         try:
             return name, run_one(settings_of[name], runs_dir / name, results_dir / 'runs' / f'{name}.json',
                                  env)
         finally:
             free_envs.put(env)
-            held.close()
+            held.release()
     failures = {}
     with ThreadPoolExecutor(workers) as pool:
         try:
@@ -792,8 +782,8 @@ def write_report(suite, scale, seeds, results_dir):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = support.ArgumentParser(prog='reproduce.py', description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),
                         help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the "

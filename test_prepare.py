@@ -269,7 +269,9 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     longest = max(len(enc.encode_ordinary(r["text"])) + 1 for r in records)
     domain_of = {r["text"]: r["meta"]["redpajama_set_name"] for r in records}
     documents = {}
-    for split, budget in [("train", max_tokens), ("val", val_tokens)]:
+    quotas = {"train": {domain: weight * max_tokens for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items()},
+              "val": dict.fromkeys(prepare.SLIMPAJAMA_WEIGHTS, math.ceil(val_tokens / 7))}  # each domain alike
+    for split in ("train", "val"):
         ids = tokens(out, split)
         assert len(ids) == meta[f"{split}_tokens"] and ids[-1] == EOT
         documents[split] = enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
@@ -277,11 +279,13 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
         for doc in documents[split]:
             counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1  # whole documents, known domains only
         assert counted == meta[f"{split}_domain_tokens"]
-        for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items():
-            assert weight * budget <= counted[domain] < weight * budget + longest, (split, domain)
+        for domain, quota in quotas[split].items():
+            assert quota <= counted[domain] < quota + longest, (split, domain)
 
     shards = sorted(os.listdir(out))
-    assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"] and "val_00000.bin" in shards
+    assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"]
+    assert [name for name in shards if name.startswith("val")] == \
+        sorted(f"val_{domain}_00000.bin" for domain in prepare.SLIMPAJAMA_WEIGHTS)
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
     assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard, so it joins the last
     assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
@@ -291,6 +295,64 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     assert "already prepared" in run_prepare("--dataset=slimpajama", f"--input={corpus}",
                                              f"--max_tokens={max_tokens}", f"--val_tokens={val_tokens}",
                                              "--shard_tokens=3000", f"--out_dir={out}").stdout
+
+
+def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
+    """Each domain gets an equal share of --val_tokens in files of its own, whatever its training weight and however
+    much validation text it has; open_val_domains gives each domain's tokens only; open_split's 'val' is them all,
+    and val_doc_starts index that."""
+    rng = random.Random(5)
+    domains = list(prepare.SLIMPAJAMA_WEIGHTS)
+    root, texts = tmp_path / "slim", []
+    for split, per_domain in [("train", {domain: 40 for domain in domains}),
+                              ("validation", {**{domain: 30 for domain in domains}, "RedPajamaCommonCrawl": 300,
+                                              "RedPajamaBook": 0})]:  # no Book at all in validation
+        (root / split).mkdir(parents=True)
+        records = [{"text": f"{split} {domain} {i}: {words(rng, rng.randint(5, 30))}",
+                    "meta": {"redpajama_set_name": domain}} for domain in domains for i in range(per_domain[domain])]
+        rng.shuffle(records)
+        texts += [r["text"] for r in records]
+        (root / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    result = run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=1400",
+                         "--shard_tokens=100", f"--out_dir={out}")
+    assert "note: no validation documents of RedPajamaBook: the validation loss is the mean over the other " \
+           "domains" in result.stdout
+
+    meta = prepare.load_meta(str(out))
+    scored = [domain for domain in domains if domain != "RedPajamaBook"]
+    assert sorted(meta["val_domains"]) == sorted(scored)
+    enc = prepare.gpt2_encoding()
+    longest = max(len(enc.encode_ordinary(text)) + 1 for text in texts)
+    by_domain = prepare.open_val_domains(str(out))
+    for domain in scored:
+        files = meta["val_domains"][domain]
+        assert len(files) >= 2 and files == [f"val_{domain}_{k:05d}.bin" for k in range(len(files))]
+        ids = np.concatenate(by_domain[domain])
+        assert len(ids) == meta["val_domain_tokens"][domain] == sum(meta["files"][name] for name in files)
+        assert 200 <= len(ids) < 200 + longest  # an equal share (1400 / 7) in whole documents, CommonCrawl's too
+        docs = enc.decode(ids.tolist()).split("<|endoftext|>")
+        assert docs[-1] == "" and all(doc.startswith(f"validation {domain} ") for doc in docs[:-1])
+        assert len(docs) - 1 == meta["val_domain_documents"][domain]
+    assert meta["val_domain_tokens"]["RedPajamaBook"] == 0 and meta["train_domain_tokens"]["RedPajamaBook"] > 0
+
+    val = tokens(out, "val")  # every domain's files, in sorted order
+    assert val.tolist() == np.concatenate([np.concatenate(by_domain[domain]) for domain in sorted(scored)]).tolist()
+    assert len(val) == meta["val_tokens"]
+    starts = meta["val_doc_starts"]
+    assert len(starts) == meta["val_documents"] and starts[0] == 0
+    assert all(enc.decode(val[s:s + 2].tolist()).startswith("validation") for s in starts)
+    assert all(val[s - 1] == EOT for s in starts[1:])
+
+    # a rerun with other settings replaces every domain's files, and only this script's
+    (out / "val_RedPajamaC4_00009.bin").write_bytes(b"\0\0")  # as an earlier run with more shards would leave
+    (out / "val_mine_00000.bin").write_bytes(b"mine")
+    run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=700",
+                "--shard_tokens=100", f"--out_dir={out}")
+    meta = prepare.load_meta(str(out))
+    written = {name for files in meta["val_domains"].values() for name in files}
+    assert {name for name in os.listdir(out) if name.startswith("val")} == written | {"val_mine_00000.bin"}
+    assert all(100 <= meta["val_domain_tokens"][domain] < 100 + longest for domain in scored)
 
 
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
@@ -529,15 +591,19 @@ def test_a_rerun_keeps_other_files(prepared):
 # whatever the machine's load (polling for the lock file lost the race to a small input on a busy machine)
 STOPPED_HOLDING_THE_LOCK = """import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import prepare
-take_lock = prepare.lock
+import prepare, support
+take_lock = support.hold
 def take_lock_and_stop(*args):
-    fd = take_lock(*args)
+    held = take_lock(*args)
     os.kill(os.getpid(), signal.SIGSTOP)
-    return fd
-prepare.lock = take_lock_and_stop
+    return held
+support.hold = take_lock_and_stop
 prepare.main(sys.argv[2:])
 """
+
+
+# the tests that use it need POSIX's SIGSTOP and os.waitid (not Windows)
+needs_waitid = pytest.mark.skipif(not hasattr(os, "waitid"), reason="stops a run with SIGSTOP, waits with os.waitid")
 
 
 def holding_the_lock(*args, cwd):
@@ -550,6 +616,7 @@ def holding_the_lock(*args, cwd):
     return run
 
 
+@needs_waitid
 def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
     (tmp_path / "other.txt").write_text("other text\n" * 50)
@@ -558,11 +625,12 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True)
     first.send_signal(signal.SIGCONT)
     assert first.wait() == 0, first.communicate()
-    assert second.stderr == f"prepare.py: another prepare.py is writing pp (it holds {tmp_path}/.pp.lock); wait for " \
-                            f"it to finish, or pass another --out_dir\n" and second.returncode == 1
+    assert second.stderr == f"prepare.py: another prepare.py (process {first.pid}) is writing pp (it holds " \
+                            f"{tmp_path}/.pp.lock); wait for it to finish, or pass another --out_dir\n"
+    assert second.returncode == 1
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
-    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]  # no lock file left
+    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]  # the lock file stays, let go
 
     # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
     before = snapshot(tmp_path / "pp")
@@ -572,9 +640,32 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     assert snapshot(tmp_path / "pp") == before
     run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
     assert sorted(os.listdir(tmp_path / "pp")) == ["meta.json", "train.bin", "val.bin"]
-    assert sorted(os.listdir(tmp_path)) == ["first.txt", "other.txt", "pp"]
+    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]
 
 
+@needs_waitid
+def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_path, monkeypatch):
+    """Windows has no fcntl: nothing in prepare.py needs it, and its lock (filelock's: msvcrt on Windows, here the
+    marker file filelock uses without fcntl) still keeps a second run out. Simulated on this machine."""
+    (tmp_path / "no_fcntl").mkdir()
+    (tmp_path / "no_fcntl" / "sitecustomize.py").write_text("import sys\nsys.modules['fcntl'] = None\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "no_fcntl"))
+    assert subprocess.run([sys.executable, "-c", "import fcntl"], capture_output=True).returncode == 1
+    (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
+    (tmp_path / "other.txt").write_text("other text\n" * 50)
+    first = holding_the_lock("--input=first.txt", "--out_dir=pp", cwd=tmp_path)
+    second = run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path, check=False)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait() == 0, first.communicate()
+    one_line_error(second, f"another prepare.py (process {first.pid}) is writing pp")
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)  # once the first has let go, the second's turn
+    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX's")
 def test_pipes_are_not_read(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -587,6 +678,7 @@ def test_pipes_are_not_read(tmp_path):
     assert not os.path.exists(tmp_path / "fifo")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="simulated with Linux's /dev/full")
 def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch):
     tmp_path, out, before = prepared
 
@@ -602,7 +694,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
                                     f"free space or pass another --out_dir")
     assert snapshot(out) == before  # the prepared folder as it was, no .partial
     assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "data"]  # no new/deeper/, no lock file
-    assert sorted(os.listdir(tmp_path / "data")) == ["corpus_char"]
+    assert sorted(os.listdir(tmp_path / "data")) == [".corpus_char.lock", "corpus_char"]  # the first run's
 
 
 def test_few_uneven_files_are_split_by_token_share(tmp_path):
@@ -648,6 +740,7 @@ def test_out_dir_that_is_a_file(tmp_path):
     assert (tmp_path / "taken").read_text() == "a file"
 
 
+@pytest.mark.skipif(os.name != "posix", reason="a read-only folder by POSIX permissions")
 def test_read_only_out_dir(prepared, monkeypatch, capsys):
     tmp_path, out, before = prepared
     (tmp_path / "corpus.txt").write_text("other text\n" * 30)

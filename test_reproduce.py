@@ -204,19 +204,21 @@ def test_a_run_another_process_trains_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, 'train', lambda *a: pytest.fail('trained a run another process holds'))
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
     (tmp_path / 'runs').mkdir()
-    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); '
-                               'fcntl.flock(f, fcntl.LOCK_EX); print("locked", flush=True); time.sleep(60)',
-                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock')], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; sys.path.insert(0, sys.argv[2]); import support; '
+                               'held, _ = support.try_lock(sys.argv[1], "x"); print(bool(held), flush=True); time.sleep(60)',
+                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock'), str(REPO)], stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == 'locked'
+        assert holder.stdout.readline().strip() == 'True'
         failures = reproduce.run_suite(runs, tmp_path / 'runs', tmp_path / 'results', gpus=0, jobs=1)
-        assert failures == {runs[0][1]: 'skipped: another reproduce.py is training it'}
+        assert failures == {runs[0][1]: f'skipped: another reproduce.py (process {holder.pid}) is training it'}
     finally:
         holder.kill()
         holder.wait()
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.skipif(os.name != 'posix', reason="Windows' send_signal(SIGTERM) ends a process without its handler")
+@pytest.mark.parametrize('signum', ['SIGTERM', pytest.param('SIGKILL', marks=pytest.mark.skipif(
+    sys.platform != 'linux', reason="the parent-death signal is Linux's"))])
 def test_children_end_with_reproduce(tmp_path, signum):
     """SIGTERM to reproduce.py passes on to its train.py (which saves and stops); SIGKILL of reproduce.py reaches
     it too (Linux's parent-death signal). Either way no trainer is left running on the run's folder."""
@@ -240,7 +242,7 @@ print(reproduce.run_suite(runs, reproduce.Path({str(tmp_path / 'runs')!r}), repr
         assert time.time() < deadline and driver.poll() is None
         time.sleep(0.1)
     child = int(pid_file.read_text())
-    driver.send_signal(signum)
+    driver.send_signal(getattr(signal, signum))
     out, _ = driver.communicate(timeout=60)
     for _ in range(100):  # the child ends within seconds
         try:
@@ -251,7 +253,7 @@ print(reproduce.run_suite(runs, reproduce.Path({str(tmp_path / 'runs')!r}), repr
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail('train.py outlived reproduce.py')
-    if signum == signal.SIGTERM:  # and the second run never started
+    if signum == 'SIGTERM':  # and the second run never started
         assert "'not started: reproduce.py was stopped'" in out
 
 
@@ -267,6 +269,23 @@ def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         reproduce.main(['bogus'])
     assert 'unknown suite' in str(stop.value)
+
+
+def test_a_bad_argument_is_one_line(capsys):
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(['variants', '--seeds=abc'])
+    assert stop.value.code == "reproduce.py: argument --seeds: invalid int value: 'abc'; see `python reproduce.py --help`"
+    assert capsys.readouterr() == ('', '')  # no usage dump
+
+
+def test_it_imports_without_fcntl_as_on_windows(tmp_path):
+    (tmp_path / 'sitecustomize.py').write_text("import sys\nsys.modules['fcntl'] = None\n")
+    result = subprocess.run([sys.executable, '-c', 'import fcntl'], env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+                            capture_output=True)
+    assert result.returncode == 1  # the simulation holds
+    result = subprocess.run([sys.executable, '-c', 'import reproduce'], cwd=REPO, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
 
 
 def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypatch):

@@ -1,0 +1,88 @@
+"""Tests for support.py: the lock (one holder, named when refused, freed when its holder is killed) and the
+one-line argparse errors."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+import support
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+# holds argv[1]'s lock in a process of its own, says so, and waits to be killed
+HOLDER = """import sys, time
+sys.path.insert(0, sys.argv[2])
+import support
+held, _ = support.try_lock(sys.argv[1], "holder")
+print("held" if held else "refused", flush=True)
+time.sleep(120)
+"""
+
+
+def other_process(path):
+    """A process that takes path's lock or is refused, says which ("held", "refused"), and waits for a kill."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, path, REPO], stdout=subprocess.PIPE, text=True)
+    return process, process.stdout.readline().strip()
+
+
+def ended(process):
+    process.kill()  # SIGKILL: it does no cleanup of its own
+    process.wait()
+
+
+def test_the_lock_refuses_a_second_holder_names_it_and_is_freed_by_sigkill(tmp_path):
+    path = str(tmp_path / "run.lock")
+    holder, said = other_process(path)
+    try:
+        assert said == "held"
+        assert support.try_lock(path, "test.py") == (None, f"process {holder.pid}")
+        with pytest.raises(SystemExit) as refused:
+            support.hold(path, "test.py", lambda who: f"{who} holds it; wait")
+        assert refused.value.code == f"test.py: process {holder.pid} holds it; wait"
+    finally:
+        ended(holder)
+    held, other = support.try_lock(path, "test.py")
+    assert other is None and open(path + ".pid").read() == f"{os.getpid()}\n"
+    process, said = other_process(path)
+    ended(process)
+    assert said == "refused"
+    held.release()
+    assert not os.path.exists(path + ".pid")
+    process, said = other_process(path)
+    ended(process)
+    assert said == "held"
+
+
+def test_one_holder_per_process_too(tmp_path):
+    path = str(tmp_path / "run.lock")
+    held, _ = support.try_lock(path, "test.py")
+    assert support.try_lock(path, "test.py") == (None, f"process {os.getpid()}")
+    held.release(remove=True)
+    assert os.listdir(tmp_path) == []
+    again, _ = support.try_lock(path, "test.py")
+    again.release()
+
+
+def test_a_file_system_without_flock_is_named_in_one_line(tmp_path, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+
+    def no_flock(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)  # as Lustre mounted without -o flock answers
+    with pytest.raises(SystemExit) as error:
+        support.try_lock(str(tmp_path / "run.lock"), "train.py")
+    assert error.value.code == (f"train.py: the file system of {tmp_path} has no file locks (flock: ENOSYS, as "
+                                f"on Lustre mounted without -o flock); use a folder on one that has them (a local "
+                                f"disk, or Lustre mounted with -o flock)")
+
+
+def test_argument_errors_are_one_line():
+    parser = support.ArgumentParser(prog="tool.py")
+    parser.add_argument("--seeds", type=int)
+    with pytest.raises(SystemExit) as error:
+        parser.parse_args(["--seeds=abc"])
+    assert error.value.code == "tool.py: argument --seeds: invalid int value: 'abc'; see `python tool.py --help`"
