@@ -1,7 +1,7 @@
 # The latest version's main table (second-hand; sources: docs/experiments.md): ResFormer against the other
 # cross-layer baselines at 468M (24 layers, 16 heads, d 1024, SwiGLU 3584; ICLR Table 4), paper_recipe.py's
 # recipe. The ICLR text compares these baselines at 82M, by training loss only (baselines_82m.py).
-# Paper (second-hand: WikiText perplexity / mean zero-shot accuracy, %; per-task columns not known):
+# Paper (second-hand: WikiText perplexity / mean zero-shot accuracy, %; its tasks are not known to us):
 #   Transformer                24.8 / 40.6
 #   NeuTRENO (λ = 0.4)         24.3 / 41.4
 #   DenseFormer                24.0 / 40.8

@@ -1,5 +1,5 @@
-# The latest version's Sec. 4.3 control (second-hand; sources: docs/experiments.md): is ResFormer's gain only
-# a faster-learning first layer? A Transformer whose layer-1 W_V and W_O (blocks.0.attn.c_v.weight and
+# The latest version's learning-rate control (second-hand; sources: docs/experiments.md): is ResFormer's gain
+# only a faster-learning first layer? A Transformer whose layer-1 W_V and W_O (blocks.0.attn.c_v.weight and
 # blocks.0.attn.c_proj.weight) train at 2x and 4x the rate, its whole schedule scaled (lr_scales), at 82M
 # (8 layers, 8 heads, d 512), paper_recipe.py's recipe. No multiplier is published: 2 and 4 are our choice.
 # Paper (second-hand): "the performance gain is not merely due to shortcut connections accelerating training
