@@ -2,14 +2,22 @@
 Zero-shot downstream evaluation of a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval 0.4.x).
 
     pip install -r requirements-eval.txt
-    python eval.py --out_dir=out                        # the paper's tasks (downloads them from the Hugging Face hub)
-    python eval.py --out_dir=out --tasks=wikitext       # the paper's "Wiki PPL": WikiText word perplexity
+    python eval.py --out_dir=out                        # the paper's tasks (data from the Hugging Face hub)
+    python eval.py --out_dir=out --tasks=wikitext       # WikiText word perplexity alone
     python eval.py --out_dir=out --tasks=tiny_choice    # a local task shipped in eval_tasks/ (offline)
     python eval.py --out_dir=out --limit=100            # quick check: the first 100 items of each task
 
+The default tasks are the paper's: the six zero-shot accuracy tasks of its Table 1 (ICLR 2025 text, Sec. 4.4;
+arXiv v1 Table 1), whose "Avg" is their unweighted mean, and WikiText, whose word perplexity only the latest
+version reports (its 468M table, known second-hand) and which stays out of the mean. The paper does not say
+acc or acc_norm; it follows TinyLlama's evaluation, which reports acc_norm, and acc where a task has no
+acc_norm (WinoGrande). eval.py prints that mean, and the mean of plain acc beside it, over the accuracy tasks
+it ran.
+
 Run it from the repository root: local tasks name their data files relative to it. It prints lm_eval's
-table and writes the full results to out_dir/<ckpt name>_lm_eval.json, next to the checkpoint; results an
-earlier evaluation left there are replaced only with --overwrite=True.
+table and the means, and writes the full results (the means under "accuracy_mean") to
+out_dir/<ckpt name>_lm_eval.json, next to the checkpoint; results an earlier evaluation left there are
+replaced only with --overwrite=True.
 `ValueResidualLM` is registered with lm_eval as 'value_residual', so lm_eval's own Python API can use it too:
 lm_eval.simple_evaluate(model='value_residual', model_args={'checkpoint': 'out/ckpt.pt'}, tasks=[...]).
 """
@@ -22,14 +30,15 @@ from dataclasses import asdict
 
 from configurator import configure
 
-# the benchmarks the paper reports, as lm_eval names them
-PAPER_TASKS = 'arc_easy,arc_challenge,hellaswag,piqa,openbookqa,winogrande,lambada_openai'
+# the paper's zero-shot accuracy tasks, as lm_eval names them, in its Table 1's order
+PAPER_TASKS = 'hellaswag,openbookqa,winogrande,arc_easy,arc_challenge,piqa'
+PERPLEXITY_TASKS = 'wikitext'  # reported beside the mean, never in it
 LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval_tasks')
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the training run's folder
 ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
-tasks = PAPER_TASKS  # comma-separated lm_eval task names; wikitext: the paper's Wiki PPL; tiny_choice: offline
+tasks = f'{PAPER_TASKS},{PERPLEXITY_TASKS}'  # comma-separated lm_eval task names; tiny_choice runs offline
 include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files (eval_tasks/ holds tiny_choice)
 limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
 num_fewshot = 0  # the paper reports zero-shot accuracy
@@ -250,6 +259,18 @@ def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=No
                          f"name their files relative to the repository root, so run eval.py from there") from None
 
 
+def accuracy_means(results, tasks):
+    """The paper's "Avg" over those of `tasks` that report accuracy (perplexity tasks stay out): the
+    unweighted mean of acc_norm, or of acc where a task has no acc_norm; and the mean of plain acc.
+    None if no task reports accuracy."""
+    scores = [results['results'][task] for task in tasks if 'acc,none' in results['results'].get(task, {})]
+    if not scores:
+        return None
+    return {'tasks': [task for task in tasks if 'acc,none' in results['results'].get(task, {})],
+            'acc_norm_else_acc': sum(m.get('acc_norm,none', m['acc,none']) for m in scores) / len(scores),
+            'acc': sum(m['acc,none'] for m in scores) / len(scores)}
+
+
 if __name__ == '__main__':
     path = os.path.join(out_dir, ckpt)
     lm = ValueResidualLM(path, device=device, dtype=dtype, batch_size=batch_size, max_gen_toks=max_gen_toks)
@@ -258,6 +279,10 @@ if __name__ == '__main__':
     print(make_table(results))
     if 'groups' in results:
         print(make_table(results, 'groups'))
+    results['accuracy_mean'] = means = accuracy_means(results, task_names)
+    if means:
+        print(f"mean accuracy over {', '.join(means['tasks'])}: {means['acc_norm_else_acc']:.4f} "
+              f"(acc_norm; acc where a task has no acc_norm), {means['acc']:.4f} (acc)")
     try:  # whole or not at all: a full disk leaves an earlier file as it was
         with open(results_path + '.tmp', 'w') as f:
             json.dump(results, f, indent=2, default=handle_non_serializable)

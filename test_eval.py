@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval import LOCAL_TASKS_DIR, ValueResidualLM, evaluate
+from eval import LOCAL_TASKS_DIR, ValueResidualLM, accuracy_means, evaluate
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,7 +84,8 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def extra_tasks(tmp_path_factory):
-    """A folder of task YAMLs on the quiz's data: greedy generation and rolling perplexity."""
+    """A folder of task YAMLs on the quiz's data: greedy generation, rolling perplexity, and the quiz
+    scored by acc alone (as lm_eval scores WinoGrande)."""
     folder = tmp_path_factory.mktemp('tasks')
     data = f"""dataset_path: json
 dataset_kwargs:
@@ -110,6 +111,14 @@ metric_list:
   - metric: word_perplexity
     aggregation: weighted_perplexity
     higher_is_better: false
+""")
+    (folder / 'tiny_acc_only.yaml').write_text(f"""task: tiny_acc_only
+{data}output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+metric_list:
+  - metric: acc
 """)
     (folder / 'tiny_missing.yaml').write_text(f"""task: tiny_missing
 {data.replace('tiny_choice.jsonl', 'no_such_file.jsonl')}output_type: loglikelihood_rolling
@@ -204,10 +213,28 @@ def test_a_model_trained_on_the_answers_beats_chance_through_the_command_line(ch
     assert result.returncode == 0, result.stderr
     with open(os.path.join(out_dir, 'ckpt_lm_eval.json')) as f:
         results = json.load(f)
-    assert results['results']['tiny_choice']['acc,none'] >= 0.75  # chance is 0.25 on these 12 four-way items
+    scores = results['results']['tiny_choice']
+    assert scores['acc,none'] >= 0.75  # chance is 0.25 on these 12 four-way items
+    assert results['accuracy_mean'] == {'tasks': ['tiny_choice'], 'acc': scores['acc,none'],
+                                        'acc_norm_else_acc': scores['acc_norm,none']}
+    assert f"mean accuracy over tiny_choice: {scores['acc_norm,none']:.4f} (acc_norm" in result.stdout
     assert results['config']['checkpoint'] == os.path.join(out_dir, 'ckpt.pt')
     assert '|tiny_choice|' in result.stdout and 'ckpt_lm_eval.json' in result.stdout  # lm_eval's table
     assert 'loglikelihood requests: 100%' in result.stderr  # the progress bar
+
+
+def test_the_mean_takes_acc_norm_else_acc_and_leaves_perplexity_out(checkpoints, extra_tasks):
+    lm = ValueResidualLM(checkpoints['vanilla'], device='cpu')
+    tasks = ['tiny_choice', 'tiny_rolling', 'tiny_acc_only']
+    results = evaluate(lm, tasks, [LOCAL_TASKS_DIR, extra_tasks])
+    choice, acc_only = results['results']['tiny_choice'], results['results']['tiny_acc_only']
+    assert choice['acc_norm,none'] != choice['acc,none']  # so the test tells the two apart
+    assert 'acc_norm,none' not in acc_only
+    means = accuracy_means(results, tasks)
+    assert means['tasks'] == ['tiny_choice', 'tiny_acc_only']
+    assert means['acc_norm_else_acc'] == pytest.approx((choice['acc_norm,none'] + acc_only['acc,none']) / 2)
+    assert means['acc'] == pytest.approx((choice['acc,none'] + acc_only['acc,none']) / 2)
+    assert accuracy_means(results, ['tiny_rolling']) is None
 
 
 def test_limit_evaluates_the_first_items_only(checkpoints):

@@ -1,12 +1,13 @@
-# Sec. 4.4: which tensor the first layer's residual goes to, at 82M (8 layers, 8 heads, d 512), all with
-# Identity weights (0.5, 0.5) in layers 2-8:
-#   value      V'_n = 0.5 V1 + 0.5 V_n (ResFormer)          query      Q'_n = 0.5 Q1 + 0.5 Q_n
-#   key        K'_n = 0.5 K1 + 0.5 K_n                      attention  A'_n = 0.5 A1 + 0.5 A_n (explicit softmax: slower)
+# Which tensor the first layer's residual goes to, at 82M (8 layers, 8 heads, d 512), paper_recipe.py's recipe
+# (sources: docs/experiments.md), all with Identity's weights (0.5, 0.5) in layers 2-8:
+#   value      V'_n = 0.5 V1 + 0.5 V_n (ResFormer)       query  Q'_n = 0.5 Q1 + 0.5 Q_n
+#   key        K'_n = 0.5 K1 + 0.5 K_n                   attention  A'_n = 0.5 A1 + 0.5 A_n (explicit softmax)
 #   hidden     block n's input x_n <- 0.5 H0 + 0.5 x_n, H0 the embedding (or H1, block 1's output, with
-#              --residual_source=1). The paper's formula for this "extra hidden residual" is ambiguous; this is
-#              our reading, the value residual's mix applied to the residual stream.
-# Paper (mean validation loss): Transformer 2.739, value 2.712, query 2.742, key 2.746, attention matrix 2.757,
-# hidden residual from H0 2.781: only the value residual helps. Runs:
+#              --residual_source=1): our reading of the latest version's ambiguous "extra hidden residual".
+# Paper: ICLR Sec. 4.3, Fig. 9 (Q, K, V; curves only): "only residual connections for values yield positive
+# effects". Mean validation loss: Transformer 2.7389, value 2.7117 (ICLR A.6 Table 5); the latest version's
+# ablation table (second-hand) has query 2.742, key 2.746, attention matrix 2.757, hidden residual from H0
+# 2.781. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=vanilla --out_dir=out/sec4.4_vanilla
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --out_dir=out/sec4.4_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=query --out_dir=out/sec4.4_query_residual

@@ -1,9 +1,11 @@
-# Sec. 4.3: Transformer vs Identity ResFormer at 82M (8 layers, 8 heads, d 512) across learning rates.
-# Paper: Identity ResFormer has the lower validation loss at every learning rate tested, and its layer-1 W_V
-# gradient norm is ~2x the Transformer's (its W_O gradient norm ~1.5x). The paper's exact learning-rate grid is
-# not restated here; this sweep (1e-4, 3e-4, 6e-4, 1e-3, 2e-3, each decaying to a tenth, as the recipe's 6e-4 -> 6e-5)
-# brackets its 6e-4. log_grad_norms=True logs every parameter's gradient norm (blocks.0.attn.c_v.weight is
-# layer 1's W_V, blocks.*.attn.c_proj.weight the W_O's). Runs:
+# Transformer vs Identity ResFormer at 82M (8 layers, 8 heads, d 512) across peak learning rates,
+# paper_recipe.py's recipe otherwise (sources: docs/experiments.md). Paper, the latest version (second-hand):
+# "experiments with different learning rates demonstrate that the performance gain is not merely due to
+# shortcut connections accelerating training convergence"; its grid and numbers are not known to us. This
+# sweep (1e-4, 3e-4, 6e-4, 1e-3, 2e-3, each decaying to a tenth as the recipe's 6e-4 -> 6e-5) brackets the
+# recipe's 6e-4; its first three are ICLR Fig. 15a's SVFormer rates. log_grad_norms=True logs every
+# parameter's gradient norm (blocks.0.attn.c_v.weight is layer 1's W_V, blocks.*.attn.c_proj.weight the
+# W_O's). Its control, layer 1 alone at a higher rate: control_layer1_lr_82m.py. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=vanilla --learning_rate=1e-4 --min_lr=1e-5 --out_dir=out/sec4.3_vanilla_lr1e-4
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=resformer_identity --learning_rate=1e-4 --min_lr=1e-5 --out_dir=out/sec4.3_resformer_identity_lr1e-4
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=vanilla --learning_rate=3e-4 --min_lr=3e-5 --out_dir=out/sec4.3_vanilla_lr3e-4

@@ -1,9 +1,25 @@
-# The paper's training recipe (its official training scripts), shared by the full-scale configs, which run it
-# first: Llama-style models trained on SlimPajama-627B sampled with fixed domain weights (CommonCrawl 0.5, C4 0.2,
-# GitHub 0.1, Books/ArXiv/Wikipedia/StackExchange 0.05 each), GPT-2 BPE here (the paper: GPT-NeoX's), sequences of
-# 2048 tokens, 1024 sequences = 2,097,152 tokens per step, 10,000 steps = ~20B tokens; AdamW (0.9, 0.95), weight
-# decay 0.1, linear warmup over 120 steps to 6e-4 then cosine to 6e-5, gradient clipping at 1.0, bf16; validation
-# every 1000 steps, the mean over the 7 domains.
+# The paper's training recipe, shared by the full-scale configs, which run it first. Sources, named as in
+# docs/experiments.md: ICLR = the ICLR 2025 submission's text (OpenReview kn3GT7LbxT; its tables are arXiv
+# v1's); code = the official scripts (github.com/Zcchill/Value-Residual-Learning); second-hand = an unofficial
+# summary of the latest (ACL 2025) version, whose text we could not read.
+# - Data: SlimPajama-627B sampled with fixed domain weights, CommonCrawl 0.5, C4 0.2, GitHub 0.1,
+#   Books/ArXiv/Wikipedia/StackExchange 0.05 each, ~20B tokens, one epoch (ICLR Sec. 4.1.1, Table 2; code).
+#   GPT-2 BPE here (the paper: RedPajama-INCITE's GPT-NeoX tokenizer, 50,277 tokens).
+# - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
+#   Table 3 prints gradient accumulation 32, which its own columns contradict (8 GPUs x 32 x 32 = 8,192
+#   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here the global batch, gradient_accumulation_steps
+#   x batch_size = 1024, is the same on any number of ranks; micro_batch_size only splits it for memory.
+# - Optimizer: AdamW (0.9, 0.95), eps 1e-8, weight decay 0.1, clipping at 1.0 (ICLR Sec. 4.1.1; code).
+# - Schedule: linear warmup over 120 steps to 6e-4, then cosine to 6e-5 at step 10,000 (ICLR/v1 Table 4; the
+#   code's WARMUP_STEP=120). ICLR Sec. 4.1.1's text says 1,200 warmup steps, contradicting its Table 4, and so
+#   does the latest version (second-hand): we keep 120. The code's warmup runs 1e-7 + (6e-4 - 1e-7) k / 120 at
+#   step k (1e-7 first); train.py's runs 6e-4 (k + 1) / 121 (5e-6 first); both reach 6e-4 at step 120. We keep
+#   ours: it changes only the first 120 of 10,000 steps.
+# - Precision: bf16, as the code trains (--bf16, its DeepSpeed config); ICLR Sec. 4.1.1's text says FP16.
+# - Validation: every 1000 steps (the code's EVAL_STEPS); val_loss is the unweighted mean of the 7 domains'
+#   losses, each on its own validation data (the code: weight 1.0 per domain, one evaluation per domain). ICLR
+#   A.6 Table 5's "Avg." is that mean: 82M Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 +
+#   2.1779) / 7 = 2.7389.
 # Prepare the data first: python prepare.py --dataset=slimpajama   (needs `pip install datasets` and the network),
 # or from SlimPajama downloaded to DIR (its train/ and validation/ folders): python prepare.py --dataset=slimpajama --input=DIR
 # Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward

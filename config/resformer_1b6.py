@@ -1,20 +1,19 @@
-# Fig. 2 (model scaling), the 1.6B point: Transformer vs Identity ResFormer, mean validation loss over the
-# 7 SlimPajama domains after 10,000 steps of 2M tokens (20B tokens).
-# Model: an INFERRED shape: the paper's 1.6B shape is not published in what we found;
-# 24 layers, 16 heads, d 2048, SwiGLU 7168 gives 1.67B parameters (with either vocabulary).
-# Paper: this point's losses are not restated here.
-# Across 82M-1.6B the paper reads off Fig. 2 that ResFormer matches the Transformer's loss with 16.11% fewer
-# parameters and 20.3% less training data (v3 of the paper: 10.4% and 13.6%); the data saving comes from the
-# loss-vs-tokens curves, i.e. the val_loss that train.py logs every 1000 steps.
-# Runs:
-#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/fig2_vanilla_1b6
-#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/fig2_resformer_1b6
-# Any other variant the same way (e.g. --variant=svformer).
+# The 1.6B point of model scaling, which only the latest version has (second-hand: "1.6B scale: trained on
+# 200B tokens"; that version's abstract, arXiv v5, claims 16.11% / 20.3% savings from runs we could not read).
+# The ICLR text's largest model is 468M (resformer_468m.py). Sources: docs/experiments.md.
+# Model: an INFERRED shape, published nowhere: 24 layers, 16 heads, d 2048, SwiGLU 7168 = 1.67B parameters.
+# Data: 20B tokens (10,000 steps of 2M, paper_recipe.py's recipe) by default, comparable with the other sizes;
+# the second-hand 200B is the second pair of runs (100,000 steps), and may not even have been SlimPajama.
+# val_loss is the mean over the 7 SlimPajama domains' own validation losses. Paper: no loss published. Runs:
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/scale_vanilla_1b6
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_vanilla_1b6_200B
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_resformer_1b6_200B
 # Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 62-71 GB, most of it the 1.67B parameters' 33 GB
 # of weights, gradients and AdamW state (8 would need 90-108 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
-out_dir = 'out/fig2_resformer_1b6'
+out_dir = 'out/scale_resformer_1b6'
 variant = 'resformer_identity'
 n_layer = 24
 n_head = 16

@@ -1,7 +1,8 @@
-# The paper's Sec. 4.4 ablation (82M, 8 layers; mean validation loss: Transformer 2.739, Identity 2.712,
-# Learnable 2.705, Constant 2.700, Sparse 2.687, Learnable-Plus 2.681) shrunk to run on a CPU: 8 layers, so the
-# sparse preset lands on layers 6-8 as in the paper. Run each variant into its own folder, then compare the
-# val_loss lines of their log.jsonl (and run analyze.py on the folders):
+# The value-residual variants and baselines at the paper's depth, shrunk to run on a CPU: 8 layers, so the
+# sparse preset lands on layers 6-8 as in the paper. The paper's 82M numbers (mean validation loss):
+# Transformer 2.739 and Identity 2.712 (ICLR A.6 Table 5), Constant 2.700, Sparse 2.687, Learnable-Plus 2.681
+# (the latest version, second-hand); ablation_lambdas_82m.py runs them at full size. Run each variant into its
+# own folder, then compare the val_loss lines of their log.jsonl (and run analyze.py on the folders):
 #   python train.py config/small_ablation.py --variant=vanilla --out_dir=out/ablation_vanilla
 #   python train.py config/small_ablation.py --variant=resformer_identity --out_dir=out/ablation_resformer_identity
 #   python train.py config/small_ablation.py --variant=resformer_learnable --out_dir=out/ablation_resformer_learnable

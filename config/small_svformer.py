@@ -1,5 +1,6 @@
-# The paper's KV-cache study (SVFormer vs GQA vs CLA, Sec. 4 of the paper) shrunk to a CPU, on GPT-2 BPE
-# Shakespeare. Each line keeps the model shape and the tokens per step; sample.py prints each one's KV cache size:
+# The paper's KV-cache study (SVFormer vs GQA vs CLA, ICLR Sec. 4.6; full size: svformer_82m.py) shrunk to a
+# CPU, on GPT-2 BPE Shakespeare. Each line keeps the model shape and the tokens per step; sample.py prints
+# each one's KV cache size:
 #   python train.py config/small_svformer.py --variant=vanilla  --out_dir=out/kv_vanilla
 #   python train.py config/small_svformer.py --variant=svformer --out_dir=out/kv_svformer
 #   python train.py config/small_svformer.py --variant=custom --n_kv_head=2 --out_dir=out/kv_gqa
