@@ -10,11 +10,11 @@ with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transforme
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
 cache no values).
 
-Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, the paper's path (vanilla ->
-ResFormer -> SVFormer -> KV cache) and nothing else; Block; GPT, whose forward takes V1 at layer 1 and hands it
-to every later layer, and the λ table. Then, off that path: AblationAttention (the paper's Sec. 4.4 ablations,
-its baselines NeuTRENO, CLA and share-K/V, and value embeddings); the building blocks (MLP, RoPE, attention
-kernels, KV cache); the named variants and the config checks; checkpoint loading.
+Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, the paper's path
+(vanilla -> ResFormer -> SVFormer -> KV cache) and nothing else; Block; GPT, whose forward takes V1 at
+layer 1 and hands it to every later layer, and the λ table. Then, off that path: AblationAttention (the
+paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, and value embeddings); the building
+blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
 Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
@@ -133,34 +133,15 @@ class GPTConfig:
             or (self.neutreno_lambda and layer > self.residual_source) or self.has_value_embed(layer))
 
 
-class AttentionBase(nn.Module):
-    """What the paper's attention and AblationAttention share: the head sizes, splitting a projection into
-    heads, and merging them back through W_O."""
+class CausalSelfAttention(nn.Module):
+    """The paper's attention for one layer: vanilla, ResFormer or SVFormer, with or without a KV cache."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
-
-    def heads(self, linear, x, rope=None):
-        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), RoPE applied if given."""
-        B, T, _ = x.shape
-        h = linear(x).view(B, T, -1, self.head_dim)
-        return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
-
-    def project_out(self, y):
-        """U (B, H, T, hd) -> its heads side by side through W_O, (B, T, C)."""
-        B, H, T, hd = y.shape
-        return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
-
-
-class CausalSelfAttention(AttentionBase):
-    """The paper's attention for one layer: vanilla, ResFormer or SVFormer, with or without a KV cache."""
-
-    def __init__(self, config, layer):
-        super().__init__(config)
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.takes_v1 = config.takes_v1(layer)          # ResFormer: mixes V1 into its own values
         self.svformer = config.is_svformer_layer(layer)  # SVFormer: attends over V1 alone
@@ -170,9 +151,9 @@ class CausalSelfAttention(AttentionBase):
         self.c_proj = nn.Linear(d, d, bias=False)                                    # W_O
 
     def forward(self, x, rope, lam, v1, kv_cache):
-        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: layer 1's values
-        (B, H_kv, T_k, hd), every cached position included (None in layer 1 itself); kv_cache: a KVCache to
-        continue from and write to, or None."""
+        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: layer 1's
+        values (B, H_kv, T_k, hd), every cached position included (None in layer 1 itself); kv_cache: a
+        KVCache to continue from and write to, or None."""
         T = x.size(1)
         q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
         k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
@@ -194,6 +175,17 @@ class CausalSelfAttention(AttentionBase):
         y = attention(q, k, v, self.dropout if self.training else 0.0)    # U_n = softmax(Q_n K_n^T/√d) V'_n
         return self.project_out(y), Heads(q, k, v, None, y)
 
+    def heads(self, linear, x, rope=None):
+        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), with RoPE if given."""
+        B, T, _ = x.shape
+        h = linear(x).view(B, T, -1, self.head_dim)
+        return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
+
+    def project_out(self, y):
+        """U (B, H, T, hd) -> its heads side by side through W_O, (B, T, C)."""
+        B, H, T, hd = y.shape
+        return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
+
 
 # What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
 # every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
@@ -202,8 +194,8 @@ Heads = namedtuple('Heads', 'q k v attn out')
 
 
 def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones.
-    In training T_k = T, and a slice would still cost a zero-filled copy in the backward pass, so it is skipped."""
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones. In
+    training T_k = T, and a slice would still cost a zero-filled copy in the backward pass: none is taken."""
     return t if t.size(2) == T else t[:, :, -T:]
 
 
@@ -308,13 +300,13 @@ class GPT(nn.Module):
         lambdas = self.lambdas  # computed once per forward: learnable λ are a softmax or a stack
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
         s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
-        v1 = source = prev = None
-        kept = {'outputs': [x]}  # what between_blocks keeps across blocks
+        v1 = source = prev = None  # V1; for AblationAttention, the Heads of V1's layer and of the last one
+        kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         for i, block in enumerate(self.blocks):
             x = self.between_blocks(i, x, prev, kept, lambdas, stats)
             x, heads = block(x, rope, lambdas[i], v1, kv_cache, **self.ablation_inputs(i, idx, source, prev))
-            if i == s:
-                v1, source = heads.v, heads  # V1: layer 1's values, every cached position included
+            if i == s:  # V1, taken at layer 1 (every cached position included), goes to every later layer
+                v1, source = heads.v, heads
             prev = heads
         x = self.between_blocks(len(self.blocks), x, prev, kept, lambdas, stats)
         if kv_cache is not None:
@@ -327,9 +319,10 @@ class GPT(nn.Module):
         return logits, loss
 
     def between_blocks(self, i, x, prev, kept, lambdas, stats):
-        """What happens to the residual stream x between block i - 1 and block i (i = n_layer: after the last),
-        all of it off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden residual.
-        prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept here."""
+        """What happens to the residual stream x between block i - 1 and block i (i = n_layer: after the
+        last), all of it off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden
+        residual. prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept
+        here."""
         if i > 0 and self.dwa is not None:
             # DenseFormer: block i - 1's output becomes Σ_j α_{i-1,j} X_j over X_0 (the embedding) .. X_i;
             # α starts at the identity
@@ -344,13 +337,13 @@ class GPT(nn.Module):
             stats['hidden'].append(x)
         if i == self.config.residual_source:
             kept['h_source'] = x  # H_s, the source block's input (H0 = the embedding)
-        elif i < self.config.n_layer and self.config.mixes(i) == 'hidden':
-            x = lambdas[i, 0] * kept['h_source'] + lambdas[i, 1] * x  # hidden residual: x_n <- λ1 H_s + λ2 x_n
+        elif i < self.config.n_layer and self.config.mixes(i) == 'hidden':  # x_n <- λ1 H_s + λ2 x_n
+            x = lambdas[i, 0] * kept['h_source'] + lambdas[i, 1] * x
         return x
 
     def ablation_inputs(self, i, idx, source, prev):
         """What layer i's attention reads beyond V1 if it is an AblationAttention (the paper's reads nothing
-        more): the source layer's Heads, the previous layer's (for CLA), and its value embedding of the tokens."""
+        more): the source layer's Heads, the previous layer's (for CLA), its value embedding of the tokens."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
             return {}
         value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
@@ -359,7 +352,8 @@ class GPT(nn.Module):
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
         reused (the cache is preallocated and its length is a symbolic size). On a CPU, a small model's tokens
-        cost mostly per-call overhead, which inductor's C++ wrapper (instead of a Python one) largely removes."""
+        cost mostly per-call overhead, which inductor's C++ wrapper (instead of a Python one) largely
+        removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     def new_kv_cache(self, max_seq_len=None):
@@ -454,14 +448,20 @@ class GPT(nn.Module):
 # Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual and
 # DenseFormer act between blocks, in GPT.between_blocks.)
 
-class AblationAttention(AttentionBase):
-    """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix residuals
-    and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, and value
-    embeddings. A layer gets it only if one of them applies there (GPTConfig.on_paper_path); with none of them
-    it computes exactly what CausalSelfAttention does (test_model checks it)."""
+class AblationAttention(nn.Module):
+    """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix
+    residuals and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, and
+    value embeddings. A layer gets it only if one of them applies there (GPTConfig.on_paper_path); with none
+    of them it computes exactly what CausalSelfAttention does (test_model checks it)."""
+
+    heads, project_out = CausalSelfAttention.heads, CausalSelfAttention.project_out  # the same, not a copy
 
     def __init__(self, config, layer):
-        super().__init__(config)
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.dropout = config.dropout
+        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.mixes = config.mixes(layer)  # 'query', 'key', 'attention' or 'value' (then see self.mapping)
         self.mapping = config.value_mapping if self.mixes == 'value' else None
@@ -474,11 +474,13 @@ class AblationAttention(AttentionBase):
         self.c_v = None if self.svformer or self.shares_v else nn.Linear(d, kv_dim, bias=False)
         self.c_proj = nn.Linear(d, d, bias=False)
         # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
-        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) if config.has_value_embed(layer) else None
+        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) \
+            if config.has_value_embed(layer) else None
 
     def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed):
-        """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's) and
-        of the previous layer; value_embed: this layer's value embedding of the tokens (B, T, kv_dim), or None."""
+        """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
+        and of the previous layer; value_embed: the layer's value embedding of the tokens (B, T, kv_dim), or
+        None."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
@@ -499,7 +501,8 @@ class AblationAttention(AttentionBase):
             v = self.heads(self.c_v, x)
             if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
                 gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
-                v = v + gate.unsqueeze(-1) * value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+                table = value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+                v = v + gate.unsqueeze(-1) * table
             if self.takes_v1:
                 v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
@@ -515,7 +518,7 @@ class AblationAttention(AttentionBase):
             y = attention(q, k, v, dropout)
         if self.mapping == 'first':  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
             y = lam[0] * source.out + lam[1] * y
-        if self.mapping == 'identity':  # mapped by no attention (the paper's "identity mapping"): λ1 V1 + λ2 A_n V_n
+        if self.mapping == 'identity':  # the "identity mapping", by no attention: λ1 V1 + λ2 A_n V_n
             y = lam[0] * newest(v1, T).repeat_interleave(self.n_head // self.n_kv_head, dim=1) + lam[1] * y
         if self.neutreno_lambda:
             y = y + self.neutreno_lambda * (newest(v1, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
