@@ -209,9 +209,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.adds_input = layer > 0 or config.h0_residual
 
-    def forward(self, x, rope, lam, v1, kv_cache, **ablation_inputs):
+    def forward(self, x, rope, lam, v1, kv_cache, ablation_inputs=None):
         """ablation_inputs: what an AblationAttention reads beyond V1 (see GPT.ablation_inputs)."""
-        y, heads = self.attn(self.norm_attn(x), rope, lam, v1, kv_cache, **ablation_inputs)
+        y, heads = self.attn(self.norm_attn(x), rope, lam, v1, kv_cache, **(ablation_inputs or {}))
         x = x + y if self.adds_input else y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -304,7 +304,7 @@ class GPT(nn.Module):
         kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         for i, block in enumerate(self.blocks):
             x = self.between_blocks(i, x, prev, kept, lambdas, stats)
-            x, heads = block(x, rope, lambdas[i], v1, kv_cache, **self.ablation_inputs(i, idx, source, prev))
+            x, heads = block(x, rope, lambdas[i], v1, kv_cache, self.ablation_inputs(i, idx, source, prev))
             if i == s:  # V1, taken at layer 1 (every cached position included), goes to every later layer
                 v1, source = heads.v, heads
             prev = heads
@@ -342,10 +342,10 @@ class GPT(nn.Module):
         return x
 
     def ablation_inputs(self, i, idx, source, prev):
-        """What layer i's attention reads beyond V1 if it is an AblationAttention (the paper's reads nothing
-        more): the source layer's Heads, the previous layer's (for CLA), its value embedding of the tokens."""
+        """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
+        the previous layer's (for CLA), its value embedding of the tokens. None for the paper's attention."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
-            return {}
+            return None
         value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
         return dict(source=source, prev=prev, value_embed=value_embed)
 
