@@ -319,10 +319,9 @@ class GPT(nn.Module):
         return logits, loss
 
     def between_blocks(self, i, x, prev, kept, lambdas, stats):
-        """What happens to the residual stream x between block i - 1 and block i (i = n_layer: after the
-        last), all of it off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden
-        residual. prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept
-        here."""
+        """The residual stream x between block i - 1 and block i (i = n_layer: after the last), where all that
+        acts is off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden residual.
+        prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept here."""
         if i > 0 and self.dwa is not None:
             # DenseFormer: block i - 1's output becomes Σ_j α_{i-1,j} X_j over X_0 (the embedding) .. X_i;
             # α starts at the identity
@@ -351,9 +350,8 @@ class GPT(nn.Module):
 
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
-        reused (the cache is preallocated and its length is a symbolic size). On a CPU, a small model's tokens
-        cost mostly per-call overhead, which inductor's C++ wrapper (instead of a Python one) largely
-        removes."""
+        reused (the cache is preallocated and its length is a symbolic size). On a CPU a small model's tokens
+        cost mostly per-call overhead, which inductor's C++ wrapper (not a Python one) largely removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     def new_kv_cache(self, max_seq_len=None):
