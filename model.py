@@ -10,11 +10,11 @@ with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transforme
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
 cache no values).
 
-Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention.forward, the paper's
-path (vanilla -> ResFormer -> SVFormer -> KV cache) in one stretch; Block and GPT (where V1 is taken
-and handed on, and the λ table). Then, off that path: the ablations of the paper's Sec. 4.4 and its
-baselines (NeuTRENO, DenseFormer, CLA, share-K/V) and value embeddings; the building blocks (MLP,
-RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
+Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, the paper's path
+(vanilla -> ResFormer -> SVFormer -> KV cache) and nothing else; Block; GPT, whose forward takes V1 at
+layer 1 and hands it to every later layer, and the λ table. Then, off that path: AblationAttention (the
+paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, and value embeddings); the building
+blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
 Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
@@ -119,56 +119,41 @@ class GPTConfig:
         """nanochat's placement of value embeddings: alternating layers, counted from the last."""
         return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
 
+    def explicit_softmax(self, layer):
+        """The attention-matrix residual (Sec. 4.4) mixes A itself, so the source layer and every later one
+        compute it explicitly instead of through SDPA's fused kernels."""
+        return self.value_residual and self.residual_type == 'attention' and layer >= self.residual_source
 
-# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
-# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
-# out, U = attn·v before W_O.
-Heads = namedtuple('Heads', 'q k v attn out')
-
-
-def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones.
-    In training T_k = T, and a slice would still cost a zero-filled copy in the backward pass,
-    so it is skipped."""
-    return t if t.size(2) == T else t[:, :, -T:]
+    def on_paper_path(self, layer):
+        """Whether this layer's attention is the paper's alone (CausalSelfAttention: vanilla, ResFormer or
+        SVFormer) or needs AblationAttention: another residual or value mapping, CLA / share-K/V, NeuTRENO
+        or a value embedding."""
+        return (self.mixes(layer) in (None, 'hidden') or self.takes_v1(layer)) and not (
+            self.explicit_softmax(layer) or self.shares_prev(layer, 'k') or self.shares_prev(layer, 'v')
+            or (self.neutreno_lambda and layer > self.residual_source) or self.has_value_embed(layer))
 
 
 class CausalSelfAttention(nn.Module):
+    """The paper's attention for one layer: vanilla, ResFormer or SVFormer, with or without a KV cache."""
 
     def __init__(self, config, layer):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
-        kv_dim = self.n_kv_head * self.head_dim
-        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.svformer = config.is_svformer_layer(layer)
-        self.shares_v = config.shares_prev(layer, 'v')
-        self.c_v = None if self.svformer or self.shares_v else nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
-        self.ve_gate = nn.Linear(min(12, config.n_embd), self.n_kv_head, bias=False) \
-            if config.has_value_embed(layer) else None
-        self.takes_v1 = config.takes_v1(layer)
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
-        # Off the paper's path (general_attention, below): the Sec. 4.4 ablations, CLA / share-K/V, NeuTRENO
-        # and value embeddings. The attention-matrix residual needs A itself, in the source layer and
-        # every later one.
-        self.mixes = config.mixes(layer)
-        self.maps_first = self.mixes == 'value' and config.value_mapping == 'first'
-        self.maps_identity = self.mixes == 'value' and config.value_mapping == 'identity'
-        self.explicit_softmax = config.value_residual and config.residual_type == 'attention' \
-            and layer >= config.residual_source
-        self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
-        self.general = self.mixes not in (None, 'value', 'hidden') or self.maps_first or self.maps_identity \
-            or self.explicit_softmax or self.c_k is None or self.shares_v or self.neutreno_lambda != 0 \
-            or self.ve_gate is not None
+        d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
+        self.takes_v1 = config.takes_v1(layer)          # ResFormer: mixes V1 into its own values
+        self.svformer = config.is_svformer_layer(layer)  # SVFormer: attends over V1 alone
+        self.c_q = nn.Linear(d, d, bias=False)                                       # W_Q
+        self.c_k = nn.Linear(d, kv_dim, bias=False)                                  # W_K
+        self.c_v = None if self.svformer else nn.Linear(d, kv_dim, bias=False)      # W_V (SVFormer: none)
+        self.c_proj = nn.Linear(d, d, bias=False)                                    # W_O
 
     def forward(self, x, rope, lam, v1, kv_cache):
-        """The paper's attention for one layer: x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's
-        (λ_{n,1}, λ_{n,2}); v1: layer 1's values (B, H_kv, T_k, hd), every cached position included (None in
-        layer 1 itself); kv_cache: a KVCache to continue from and write to, or None."""
+        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: layer 1's
+        values (B, H_kv, T_k, hd), every cached position included (None in layer 1 itself); kv_cache: a
+        KVCache to continue from and write to, or None."""
         T = x.size(1)
         q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
         k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
@@ -176,14 +161,14 @@ class CausalSelfAttention(nn.Module):
             k = kv_cache.store(kv_cache.k, self.k_slot, k)                 # keys of every position so far
         if self.svformer:
             # SVFormer (Sec. 3): U_n = A_n V1. With no values of its own the layer reads all of V1, cached
-            # positions included, while a ResFormer layer mixes V1's newest T rows into its new V_n only: its
-            # own cache already holds the mixed V'_n of all earlier positions.
+            # positions included.
             v = lam[0] * v1
         else:
             v = self.heads(self.c_v, x)                                     # V_n = x W_V (values get no RoPE)
             if self.takes_v1:
                 # ResFormer (Eq. 2): V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the raw value heads (before any GQA
-                # repetition); V1 is not detached, so every later layer trains layer 1's W_V.
+                # repetition); V1 is not detached, so every later layer trains layer 1's W_V. Only V1's newest
+                # T rows: the layer's own cache already holds the mixed V'_n of every earlier position.
                 v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
                 v = kv_cache.store(kv_cache.v, self.v_slot, v)             # a ResFormer layer caches V'_n
@@ -191,8 +176,7 @@ class CausalSelfAttention(nn.Module):
         return self.project_out(y), Heads(q, k, v, None, y)
 
     def heads(self, linear, x, rope=None):
-        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim),
-        RoPE applied if given."""
+        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), with RoPE if given."""
         B, T, _ = x.shape
         h = linear(x).view(B, T, -1, self.head_dim)
         return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
@@ -203,24 +187,31 @@ class CausalSelfAttention(nn.Module):
         return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
 
 
+# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
+# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
+# out, U = attn·v before W_O.
+Heads = namedtuple('Heads', 'q k v attn out')
+
+
+def newest(t, T):
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones. In
+    training T_k = T, and a slice would still cost a zero-filled copy in the backward pass: none is taken."""
+    return t if t.size(2) == T else t[:, :, -T:]
+
+
 class Block(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
         self.norm_attn = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer)
+        self.attn = (CausalSelfAttention if config.on_paper_path(layer) else AblationAttention)(config, layer)
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
         self.adds_input = layer > 0 or config.h0_residual
 
-    def forward(self, x, rope, lam, source, prev, kv_cache, stats=None, value_embed=None):
-        """source: the Heads of the residual's source layer (layer 1's: V1), None up to it; prev: the previous
-        layer's (for CLA); stats and value_embed: see GPT.forward."""
-        if self.attn.general or stats is not None:  # ablations, baselines, value embeddings, analysis
-            y, heads = general_attention(self.attn, self.norm_attn(x), rope, lam, source, prev, kv_cache,
-                                         stats, value_embed)
-        else:
-            y, heads = self.attn(self.norm_attn(x), rope, lam, None if source is None else source.v, kv_cache)
+    def forward(self, x, rope, lam, v1, kv_cache, ablation_inputs=None):
+        """ablation_inputs: what an AblationAttention reads beyond V1 (see GPT.ablation_inputs)."""
+        y, heads = self.attn(self.norm_attn(x), rope, lam, v1, kv_cache, **(ablation_inputs or {}))
         x = x + y if self.adds_input else y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -230,33 +221,20 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        L, s = config.n_layer, config.residual_source
+        L = config.n_layer
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(L))
         self.norm_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        # λ for the layers after the source (layers up to it are unchanged). 1-D tensors, so
-        # configure_optimizers never decays them.
-        later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
-        later = later.view(L - 1 - s, 2)
-        if config.lambda_mode == 'fixed':
-            self.register_buffer('lambdas_fixed', later, persistent=False)
-        elif config.lambda_mode == 'learnable':
-            self.lambda_v1 = nn.Parameter(later[:, 0].clone())
-            self.lambda_vn = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started so that it equals `lambdas`
-            self.lambda_scale = nn.Parameter(later[:, 0].sum())
-            self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
-            self.lambda_vn = nn.Parameter(later[:, 1].clone())
-        # DenseFormer: block i's output becomes Σ_j α_{i,j} X_j over X_0 (embedding) .. X_{i+1};
-        # α starts at identity
+        self.store_lambdas(config)
+        # Off the paper's path, DenseFormer's weights α (see between_blocks) and value embeddings' tables
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
                                     for i in range(L)) if config.denseformer else None
         kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
-                                           if config.has_value_embed(i)}) if config.value_embeds else None
+                                           if config.has_value_embed(i)})
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -268,13 +246,28 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
         self.apply(self._init_weights)
-        for attn in attns:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
-            if attn.ve_gate is not None:
-                nn.init.uniform_(attn.ve_gate.weight, 0.0, 0.02)
+        for i in self.value_embeds:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
+            nn.init.uniform_(self.blocks[int(i)].attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)  # the paper's (Hugging Face Llama's) init
+
+    def store_lambdas(self, config):
+        """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
+        1-D tensors, so configure_optimizers never decays them."""
+        L, s = config.n_layer, config.residual_source
+        later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
+        later = later.view(L - 1 - s, 2)
+        if config.lambda_mode == 'fixed':
+            self.register_buffer('lambdas_fixed', later, persistent=False)
+        elif config.lambda_mode == 'learnable':
+            self.lambda_v1 = nn.Parameter(later[:, 0].clone())
+            self.lambda_vn = nn.Parameter(later[:, 1].clone())
+        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started so that it equals `lambdas`
+            self.lambda_scale = nn.Parameter(later[:, 0].sum())
+            self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
+            self.lambda_vn = nn.Parameter(later[:, 1].clone())
 
     @property
     def lambdas(self):
@@ -296,36 +289,26 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
         kv_cache: continue from the cached positions. stats: a dict to fill with per-layer 'attn'
-        probabilities (explicit-softmax path), 'keys', 'values' (V'_n) and 'hidden' states, for analysis."""
+        probabilities, 'keys', 'values' (V'_n) and 'hidden' states (each block's output), for analysis."""
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
         if pos + T > limit:
             raise ValueError(f"{pos + T} positions exceed the model's context of {limit}; "
                              f"use at most {limit - pos} tokens")
-        if stats is not None:
-            stats.update(attn=[], keys=[], values=[], hidden=[])
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
         lambdas = self.lambdas  # computed once per forward: learnable λ are a softmax or a stack
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
         s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
-        source = prev = None
-        block_outputs, h_source = [x], None
+        v1 = source = prev = None  # V1; for AblationAttention, the Heads of V1's layer and of the last one
+        kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         for i, block in enumerate(self.blocks):
-            if i == s:
-                h_source = x  # Sec. 4.4 hidden residual: H_s, the source block's input (H0 = the embedding)
-            elif self.config.mixes(i) == 'hidden':
-                x = lambdas[i, 0] * h_source + lambdas[i, 1] * x  # x_n <- λ1 H_s + λ2 x_n
-            value_embed = self.value_embeds[str(i)](idx) if block.attn.ve_gate is not None else None
-            x, heads = block(x, rope, lambdas[i], source, prev, kv_cache, stats, value_embed)
-            if i == s:
-                source = heads  # V1 (with Q1, K1, A1, U1): layer 1's, every cached position included
+            x = self.between_blocks(i, x, prev, kept, lambdas, stats)
+            x, heads = block(x, rope, lambdas[i], v1, kv_cache, self.ablation_inputs(i, idx, source, prev))
+            if i == s:  # V1, taken at layer 1 (every cached position included), goes to every later layer
+                v1, source = heads.v, heads
             prev = heads
-            if self.dwa is not None:  # DenseFormer: the depth-weighted average of everything so far
-                block_outputs.append(x)
-                x = sum(a * h for a, h in zip(self.dwa[i], block_outputs))
-            if stats is not None:
-                stats['hidden'].append(x)
+        x = self.between_blocks(len(self.blocks), x, prev, kept, lambdas, stats)
         if kv_cache is not None:
             kv_cache.pos += T
         logits = self.lm_head(self.norm_f(x))
@@ -335,11 +318,40 @@ class GPT(nn.Module):
                                    ignore_index=-1)
         return logits, loss
 
+    def between_blocks(self, i, x, prev, kept, lambdas, stats):
+        """The residual stream x between block i - 1 and block i (i = n_layer: after the last), where all that
+        acts is off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden residual.
+        prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept here."""
+        if i > 0 and self.dwa is not None:
+            # DenseFormer: block i - 1's output becomes Σ_j α_{i-1,j} X_j over X_0 (the embedding) .. X_i;
+            # α starts at the identity
+            kept['outputs'].append(x)
+            x = sum(a * h for a, h in zip(self.dwa[i - 1], kept['outputs']))
+        if stats is not None and i == 0:
+            stats.update(attn=[], keys=[], values=[], hidden=[])
+        elif stats is not None:  # block i - 1's A (computed here unless the layer had it), K, V' and output
+            stats['attn'].append(attention_probs(prev.q, prev.k) if prev.attn is None else prev.attn)
+            stats['keys'].append(prev.k)
+            stats['values'].append(prev.v)
+            stats['hidden'].append(x)
+        if i == self.config.residual_source:
+            kept['h_source'] = x  # H_s, the source block's input (H0 = the embedding)
+        elif i < self.config.n_layer and self.config.mixes(i) == 'hidden':  # x_n <- λ1 H_s + λ2 x_n
+            x = lambdas[i, 0] * kept['h_source'] + lambdas[i, 1] * x
+        return x
+
+    def ablation_inputs(self, i, idx, source, prev):
+        """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
+        the previous layer's (for CLA), its value embedding of the tokens. None for the paper's attention."""
+        if isinstance(self.blocks[i].attn, CausalSelfAttention):
+            return None
+        value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+        return dict(source=source, prev=prev, value_embed=value_embed)
+
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
-        reused (the cache is preallocated and its length is a symbolic size). On a CPU, a small model's tokens
-        cost mostly per-call overhead,
-        which inductor's C++ wrapper (instead of a Python one) largely removes."""
+        reused (the cache is preallocated and its length is a symbolic size). On a CPU a small model's tokens
+        cost mostly per-call overhead, which inductor's C++ wrapper (not a Python one) largely removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     def new_kv_cache(self, max_seq_len=None):
@@ -396,8 +408,7 @@ class GPT(nn.Module):
         embeddings, which are lookups and cost no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
-            n -= sum(p.numel() for p in self.value_embeds.parameters()) \
-                if self.value_embeds is not None else 0
+            n -= sum(p.numel() for p in self.value_embeds.parameters())
             n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
         return n
 
@@ -433,58 +444,83 @@ class GPT(nn.Module):
 
 # ------------------------------------------------------------------------------------------------------------
 # Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual and
-# DenseFormer act between blocks, in GPT.forward.)
+# DenseFormer act between blocks, in GPT.between_blocks.)
 
-def general_attention(attn, x, rope, lam, source, prev, kv_cache, stats, value_embed):
-    """CausalSelfAttention.forward with every ablation and baseline: the query / key / attention-matrix
-    residuals and the mapping by layer 1's attention (Sec. 4.4), CLA and share-K/V, NeuTRENO, value
-    embeddings, and the per-layer statistics analyze.py reads. It repeats the paper's path so that path reads
-    alone above; with none of these flags it computes exactly the same (test_model checks it)."""
-    B, T, C = x.shape
-    q = attn.heads(attn.c_q, x, rope)
-    if attn.mixes == 'query':
-        q = lam[0] * source.q + lam[1] * q  # query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
-    if attn.c_k is None:
-        k = prev.k  # CLA / share-K: the previous layer's keys
-    else:
-        k = attn.heads(attn.c_k, x, rope)
-        if attn.mixes == 'key':
-            k = lam[0] * newest(source.k, T) + lam[1] * k  # key residual, K'_n = λ1 K1 + λ2 K_n
-        if kv_cache is not None:
-            k = kv_cache.store(kv_cache.k, attn.k_slot, k)
-    if attn.shares_v:
-        v = prev.v  # CLA / share-V: the previous layer's values
-    elif attn.svformer:
-        v = lam[0] * source.v
-    else:
-        v = attn.heads(attn.c_v, x)
-        if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
-            gate = 3 * torch.sigmoid(attn.ve_gate(x[..., :attn.ve_gate.in_features])).transpose(1, 2)
-            v = v + gate.unsqueeze(-1) * value_embed.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
-        if attn.takes_v1:
-            v = lam[0] * newest(source.v, T) + lam[1] * v
-        if kv_cache is not None:
-            v = kv_cache.store(kv_cache.v, attn.v_slot, v)
-    dropout = attn.dropout if attn.training else 0.0
-    probs = None
-    if attn.explicit_softmax or stats is not None:
-        probs = attention_probs(q, k)
-        if attn.mixes == 'attention':
-            probs = lam[0] * source.attn + lam[1] * probs  # attention residual, A'_n = λ1 A1 + λ2 A_n
-        y = F.dropout(probs, dropout) @ v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
-    else:
-        y = attention(q, k, v, dropout)
-    if attn.maps_first:
-        y = lam[0] * source.out + lam[1] * y  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
-    if attn.maps_identity:  # mapped by no attention (the paper's "identity mapping"): λ1 V1 + λ2 A_n V_n
-        y = lam[0] * newest(source.v, T).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) + lam[1] * y
-    if attn.neutreno_lambda:
-        y = y + attn.neutreno_lambda * (newest(source.v, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
-    if stats is not None:
-        stats['attn'].append(probs)
-        stats['keys'].append(k)
-        stats['values'].append(v)
-    return attn.project_out(y), Heads(q, k, v, probs, y)
+class AblationAttention(nn.Module):
+    """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix
+    residuals and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, and
+    value embeddings. A layer gets it only if one of them applies there (GPTConfig.on_paper_path); with none
+    of them it computes exactly what CausalSelfAttention does (test_model checks it)."""
+
+    heads, project_out = CausalSelfAttention.heads, CausalSelfAttention.project_out  # the same, not a copy
+
+    def __init__(self, config, layer):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.dropout = config.dropout
+        self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
+        d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
+        self.mixes = config.mixes(layer)  # 'query', 'key', 'attention' or 'value' (then see self.mapping)
+        self.mapping = config.value_mapping if self.mixes == 'value' else None
+        self.takes_v1, self.svformer = config.takes_v1(layer), config.is_svformer_layer(layer)
+        self.shares_v = config.shares_prev(layer, 'v')
+        self.explicit_softmax = config.explicit_softmax(layer)
+        self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
+        self.c_q = nn.Linear(d, d, bias=False)
+        self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(d, kv_dim, bias=False)
+        self.c_v = None if self.svformer or self.shares_v else nn.Linear(d, kv_dim, bias=False)
+        self.c_proj = nn.Linear(d, d, bias=False)
+        # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
+        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) \
+            if config.has_value_embed(layer) else None
+
+    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed):
+        """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
+        and of the previous layer; value_embed: the layer's value embedding of the tokens (B, T, kv_dim), or
+        None."""
+        B, T, C = x.shape
+        q = self.heads(self.c_q, x, rope)
+        if self.mixes == 'query':
+            q = lam[0] * source.q + lam[1] * q  # query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
+        if self.c_k is None:
+            k = prev.k  # CLA / share-K: the previous layer's keys
+        else:
+            k = self.heads(self.c_k, x, rope)
+            if self.mixes == 'key':
+                k = lam[0] * newest(source.k, T) + lam[1] * k  # key residual, K'_n = λ1 K1 + λ2 K_n
+            if kv_cache is not None:
+                k = kv_cache.store(kv_cache.k, self.k_slot, k)
+        if self.shares_v:
+            v = prev.v  # CLA / share-V: the previous layer's values
+        elif self.svformer:
+            v = lam[0] * v1
+        else:
+            v = self.heads(self.c_v, x)
+            if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
+                gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
+                table = value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+                v = v + gate.unsqueeze(-1) * table
+            if self.takes_v1:
+                v = lam[0] * newest(v1, T) + lam[1] * v
+            if kv_cache is not None:
+                v = kv_cache.store(kv_cache.v, self.v_slot, v)
+        dropout = self.dropout if self.training else 0.0
+        probs = None
+        if self.explicit_softmax:
+            probs = attention_probs(q, k)
+            if self.mixes == 'attention':
+                probs = lam[0] * source.attn + lam[1] * probs  # attention residual, A'_n = λ1 A1 + λ2 A_n
+            y = F.dropout(probs, dropout) @ v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        else:
+            y = attention(q, k, v, dropout)
+        if self.mapping == 'first':  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
+            y = lam[0] * source.out + lam[1] * y
+        if self.mapping == 'identity':  # the "identity mapping", by no attention: λ1 V1 + λ2 A_n V_n
+            y = lam[0] * newest(v1, T).repeat_interleave(self.n_head // self.n_kv_head, dim=1) + lam[1] * y
+        if self.neutreno_lambda:
+            y = y + self.neutreno_lambda * (newest(v1, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
+        return self.project_out(y), Heads(q, k, v, probs, y)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -6,15 +6,22 @@ coincide, the model against a deliberately naive reference written here from the
 incremental decoding against the full forward. Tiny models everywhere; float64 where exactness matters.
 """
 
+import ast
 import dataclasses
+import json
 import math
+import shutil
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, VARIANTS, load_checkpoint
+from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig, load_checkpoint
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation (100x slower on a busy machine)
 
@@ -535,7 +542,7 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
     assert sorted(model.value_embeds) == ['1', '3']
     assert model.num_params() - plain.num_params() == 2 * (64 * kv_dim + 12 * 2)
     assert model.num_params(exclude_embedding=True) == plain.num_params(exclude_embedding=True) + 2 * 12 * 2
-    gates = [b.attn.ve_gate.weight for b in model.blocks if b.attn.ve_gate is not None]
+    gates = [b.attn.ve_gate.weight for b in model.blocks if getattr(b.attn, 've_gate', None) is not None]
     assert len(gates) == 2 and all(0 <= g.min() and g.max() <= 0.02 for g in gates)
     # and they act: zeroing a table changes the logits
     idx = random_tokens(model)
@@ -655,32 +662,59 @@ def test_configure_optimizers_decay_groups(kw):
 
 # -------------------------------------------------------------------------------------- analysis stats
 
+# Layers (0-based, of 4) whose attention goes beyond the paper's path; every other case uses the paper's alone.
+ABLATION_LAYERS = {
+    'cla': [1, 3], 'share_k': [1, 3], 'share_v': [1, 3], 'value_embeds': [1, 3], 'value_embeds_3_layers': [0, 2],
+    'value_embeds_resformer_gqa': [1, 3], 'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
+    'query_residual': [1, 2, 3], 'key_residual': [1, 2, 3], 'learnable_key_residual': [1, 2, 3],
+    'mapping_first': [1, 2, 3], 'mapping_first_rescaled': [1, 2, 3], 'mapping_identity': [1, 2, 3],
+    'attention_residual': [0, 1, 2, 3], 'attention_residual_v2': [1, 2, 3],  # A from the source layer on
+}
+
+
+@pytest.mark.parametrize('case', ALL_CASES)
+def test_each_layer_gets_the_paper_attention_unless_an_ablation_changes_it(case):
+    """The attention class is chosen per layer when the model is built: the paper's variants (SVFormer, every
+    ResFormer, DenseFormer and the hidden residual, which act between blocks) use CausalSelfAttention alone;
+    AblationAttention goes exactly to the layers an ablation, baseline or value embedding changes."""
+    model = GPT(tiny_config(**ALL_CASES[case]))
+    kinds = [type(block.attn) for block in model.blocks]
+    assert set(kinds) <= {CausalSelfAttention, AblationAttention}
+    assert [i for i, kind in enumerate(kinds) if kind is AblationAttention] == ABLATION_LAYERS.get(case, [])
+
+
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa', 'resformer_learnable_plus'])
-def test_general_attention_computes_the_paper_path_exactly(case):
-    """general_attention repeats CausalSelfAttention.forward with the ablations added: with none of them set it
-    gives the same logits, bit for bit, in a full forward and when decoding with the KV cache."""
+def test_ablation_attention_computes_the_paper_path_exactly(case):
+    """AblationAttention repeats CausalSelfAttention.forward with the ablations added: with none of them set, in
+    place of the paper's attention in every layer (same weights), it gives the same logits, bit for bit, in a
+    full forward and when decoding with the KV cache."""
     model = tiny_model(**ALL_CASES[case])
     idx = random_tokens(model)
-    paper = logits_of(model, idx)
-    cache = model.new_kv_cache(16)
-    paper_cached = torch.cat([logits_of(model, idx[:, :5], kv_cache=cache), logits_of(model, idx[:, 5:], kv_cache=cache)], 1)
-    for block in model.blocks:
-        assert not block.attn.general
-        block.attn.general = True
-    cache = model.new_kv_cache(16)
-    assert torch.equal(logits_of(model, idx), paper)
-    assert torch.equal(torch.cat([logits_of(model, idx[:, :5], kv_cache=cache),
-                                  logits_of(model, idx[:, 5:], kv_cache=cache)], 1), paper_cached)
+
+    def full_and_cached():
+        cache = model.new_kv_cache(16)
+        cached = [logits_of(model, idx[:, :5], kv_cache=cache), logits_of(model, idx[:, 5:], kv_cache=cache)]
+        return logits_of(model, idx), torch.cat(cached, dim=1)
+
+    paper = full_and_cached()
+    for layer, block in enumerate(model.blocks):
+        assert type(block.attn) is CausalSelfAttention
+        general = AblationAttention(model.config, layer).double().eval()
+        general.load_state_dict(block.attn.state_dict())  # strict: the same parameters
+        general.k_slot, general.v_slot = block.attn.k_slot, block.attn.v_slot
+        block.attn = general
+    ablation = full_and_cached()
+    assert torch.equal(ablation[0], paper[0]) and torch.equal(ablation[1], paper[1])
 
 
-@pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer'])
+@pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer', 'attention_residual_v2', 'hidden_h1'])
 def test_stats_path_same_logits_and_fills_stats(case):
-    """forward(stats={}) takes the explicit-softmax path: same logits, and it records per-layer causal
-    attention probabilities (rows sum to 1), keys, values (V'_n) and hidden states."""
+    """forward(stats={}) computes the same model, bit for bit, and records per-layer causal attention
+    probabilities (rows sum to 1), keys, values (V'_n) and hidden states."""
     model = tiny_model(**ALL_CASES[case])
     idx = random_tokens(model, T=10)
     stats = {}
-    torch.testing.assert_close(logits_of(model, idx, stats=stats), logits_of(model, idx), rtol=0, atol=1e-5)
+    assert torch.equal(logits_of(model, idx, stats=stats), logits_of(model, idx))
     cfg = model.config
     for key in ('attn', 'keys', 'values', 'hidden'):
         assert len(stats[key]) == cfg.n_layer, key
@@ -908,3 +942,47 @@ def test_load_checkpoint_truncated_or_missing_exits_with_one_line(tmp_path):
             load_checkpoint(str(target))
         message = str(e.value.code)
         assert isinstance(e.value.code, str) and str(target) in message and '\n' not in message
+
+
+# ------------------------------------------------------------------------------------------ one file alone
+
+def test_model_py_alone_builds_trains_and_generates(tmp_path):
+    """model.py is one self-contained file: copied alone into an empty folder, with that folder the only one
+    added to the import path (none of this project's), it imports nothing but the standard library and torch,
+    builds a model, trains a step and generates, with and without the KV cache."""
+    source = Path(__file__).resolve().with_name('model.py')
+    imported = {alias.name.split('.')[0] for node in ast.walk(ast.parse(source.read_text()))
+                for alias in getattr(node, 'names', []) if isinstance(node, ast.Import)}
+    imported |= {node.module.split('.')[0] for node in ast.walk(ast.parse(source.read_text()))
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported - {'torch'} <= set(sys.stdlib_module_names), imported
+    shutil.copy(source, tmp_path / 'model.py')
+    (tmp_path / 'use_model.py').write_text(textwrap.dedent("""
+        import json, sys
+        import torch
+        from model import GPT, GPTConfig
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(variant='svformer', n_layer=3, n_head=2, n_embd=32, vocab_size=64, block_size=16))
+        optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+        idx = torch.randint(64, (2, 16))
+        before = [p.detach().clone() for p in model.parameters()]
+        loss = model(idx, targets=idx.roll(-1, dims=1))[1]
+        loss.backward()
+        optimizer.step()
+        model.eval()
+        cached, plain = (model.generate(idx[:, :4], 6, temperature=0, use_cache=c).tolist() for c in (True, False))
+        print(json.dumps(dict(loss=loss.item(), all_trained=all(not torch.equal(a, p) for a, p in zip(before, model.parameters())),
+                              cached=cached, plain=plain, prompt=idx[:, :4].tolist(), model_file=sys.modules['model'].__file__,
+                              path=sys.path, files=[getattr(m, '__file__', None) or '' for m in list(sys.modules.values())])))
+    """))
+    result = subprocess.run([sys.executable, '-E', '-s', 'use_model.py'], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
+    assert math.isfinite(out['loss']) and out['all_trained']
+    assert Path(out['model_file']).parent == tmp_path
+    repo = str(source.parent)
+    assert not any(entry in ('', repo) or entry.startswith(repo + '/') for entry in out['path'][1:]), out['path']
+    assert not any(f.startswith(repo + '/') for f in out['files'])  # nothing of this project was imported
+    assert out['cached'] == out['plain'] and len(out['cached'][0]) == 10 and all(row[:4] == p for row, p in
+                                                                                zip(out['cached'], out['prompt']))
