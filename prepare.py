@@ -446,8 +446,7 @@ def prepare_slimpajama(args, out_dir):
             "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
             "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
             "files": {}, "max_token": 0}
-    # training: the paper's mix, in one run of shards; validation: each domain an equal share in files of its
-    # own, since the paper scores each domain on its own validation data and reports the unweighted mean
+    # training: the paper's mix, in one run of shards; validation: an equal share per domain, in its own files
     domains = list(SLIMPAJAMA_WEIGHTS)
     train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
     val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
