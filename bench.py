@@ -188,6 +188,13 @@ if official:
         notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} (they need transformers==4.44.2)")
 else:
     notes.append("official rows skipped: pass --official=FOLDER holding Zcchill/Value-Residual-Learning's src/modeling files")
+if compile:
+    # All our contenders run one code object, GPT.forward, and torch keeps a compiled entry on it per variant's
+    # structure (and per decoding shape: up to 5 a decoder). Past recompile_limit entries (8 by default) it would
+    # run the rest eager with a log line only, and they would be timed as compiled: give every contender the room
+    # torch gives one model, and make running out a hard error instead of a silent fallback.
+    torch._dynamo.config.recompile_limit *= len(contenders)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
 # --------------------------------------------------------------------------- timing helpers
