@@ -133,7 +133,8 @@ def launch(name, ranks, args):
         said = [line[line.index('train.py: '):] for line in lines[root:] + lines[:root] if 'train.py: ' in line]
         raise SystemExit(f"bench.py: node check: the {name} run failed with exit status {run.returncode} "
                          f"({said[0] if said else 'its last lines are above'})")
-    print(f"  took {time.perf_counter() - began:.1f} s, start-up and compiling included", flush=True)
+    print(f"  took {time.perf_counter() - began:.1f} s, start-up, any compiling and checkpoints included",
+          flush=True)
 
 
 def log_records(out_dir):
