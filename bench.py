@@ -9,6 +9,7 @@ and they take turns, round by round, so noise from the machine hits them all ali
     python bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
     python bench.py --compile=True --dtype=bfloat16
     python bench.py --smoke                      # seconds: tiny counts that check every section runs
+    python bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
 per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
@@ -17,9 +18,12 @@ nanoGPT's model.py (github.com/karpathy/nanoGPT) and the official modeling_llama
 packages are missing are skipped with a note.
 """
 import importlib.util
+import itertools
 import json
 import os
 import random
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -28,6 +32,7 @@ import time
 from contextlib import nullcontext
 from fractions import Fraction
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -55,9 +60,15 @@ compile = False  # torch.compile every training model (ours and the references)
 seed = 1337  # model weights, batches and prompts, alike for every contender
 out = 'bench.json'  # the report as JSON, with every per-round timing
 smoke = False  # 1 round of tiny counts, no train.py loop: checks that every section runs, in seconds
+# --node_check: instead of the benchmark, check a fresh GPU node before a long job (docs/training.md)
+node_check = False  # run node_config under torchrun on synthetic tokens: speed, MFU, memory, exact resume
+node_config = 'config/resformer_82m.py'  # the config whose model, batch and dtype the node check trains
+nproc = 0  # ranks torchrun starts, one per GPU; 0 = every GPU here
+node_iters = 10  # steps of the straight run; a second run stops halfway, resumes, and must end the same
+train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = ['--smoke=True' if arg == '--smoke' else arg for arg in sys.argv[1:]]  # the one flag that needs no value
+argv = [arg + '=True' if arg in ('--smoke', '--node_check') else arg for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 1, 1, 1, (2, 4), 1, 0, (1, 2)
     batch_size, block_size = 2, 32
@@ -66,6 +77,169 @@ SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numb
 if smoke:
     print(SMOKE_WARNING)
 # -----------------------------------------------------------------------------
+
+# --------------------------------------------------------------------------- node check (--node_check)
+# Before a 10,000-step job on a fresh node, in minutes: node_config's model, batch and dtype on synthetic
+# tokens, under torchrun as the job runs (nccl on GPUs, compiled), node_iters steps straight, then again
+# stopped halfway and resumed. Writes data/node_check and out/node_check in the current folder, as train.py.
+HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
+NODE_DATA = 'node_check'  # under data/
+GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
+TIMING_KEYS = ('tokens_per_sec', 'mfu', 'peak_memory_gib')  # log fields that two runs of a step may differ in
+
+
+def write_synthetic_data(folder):
+    """Uniform random GPT-2 token ids, laid out as prepare.py lays out a prepared folder: train.bin and val.bin
+    (uint16), then meta.json, last, each swapped in whole. The validation split holds 16 batches of 32 x 2048
+    (or 1 x 65,536) tokens, the check evaluates one."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    files = {'train.bin': rng.integers(GPT2_VOCAB, size=2 ** 22, dtype=np.uint16),
+             'val.bin': rng.integers(GPT2_VOCAB, size=2 ** 20, dtype=np.uint16)}
+    meta = {'tokenizer': 'gpt2', 'vocab_size': GPT2_VOCAB, 'files': {name: len(a) for name, a in files.items()},
+            'max_token': max(int(a.max()) for a in files.values()),
+            'source': 'synthetic: uniform random token ids (bench.py --node_check)'}
+    for name, tokens in [*files.items(), ('meta.json', json.dumps(meta, indent=1).encode())]:
+        path = os.path.join(folder, name)
+        with open(path + '.tmp', 'wb') as f:
+            f.write(tokens if isinstance(tokens, bytes) else tokens.tobytes())
+        os.replace(path + '.tmp', path)
+
+
+def memory_estimate(path):
+    """The per-GPU memory a config's header comment states, '# Memory: ... about 45-60 GB ...': its first
+    'about A-B GB' after '# Memory:', as (A, B), or None. Read from the prose because that is the one place
+    each config states it (paper_recipe.py says how it was estimated), for the micro_batch_size it sets."""
+    with open(path, encoding='utf-8') as f:
+        header = ''.join(itertools.takewhile(lambda line: line.startswith('#'), f))
+    memory = ' '.join(line.lstrip('# ') for line in header.partition('# Memory:')[2].splitlines())
+    found = re.search(r'about (\d+(?:\.\d+)?)-(\d+(?:\.\d+)?) GB', memory)
+    return (float(found[1]), float(found[2])) if found else None
+
+
+def launch(name, ranks, args):
+    """Run train.py under torchrun. A run that fails ends the check with its last lines."""
+    command = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={ranks}',
+               os.path.relpath(os.path.join(HERE, 'train.py')), *args]
+    print(f"{name} run: python {shlex.join(command)}", flush=True)
+    began = time.perf_counter()
+    run = subprocess.run([sys.executable, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if run.returncode:
+        lines = run.stdout.splitlines()
+        print('\n'.join(lines[-25:]), file=sys.stderr)
+        # train.py's one-line error: printed by the rank, or in torchrun's summary, whose root cause comes last
+        root = next((i for i, line in enumerate(lines) if line.startswith('Root Cause')), 0)
+        said = [line[line.index('train.py: '):] for line in lines[root:] + lines[:root] if 'train.py: ' in line]
+        raise SystemExit(f"bench.py: node check: the {name} run failed with exit status {run.returncode} "
+                         f"({said[0] if said else 'its last lines are above'})")
+    print(f"  took {time.perf_counter() - began:.1f} s, start-up, any compiling and checkpoints included",
+          flush=True)
+
+
+def log_records(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def compare_resume(straight_dir, resumed_dir, stopped_at):
+    """A line on whether the resumed run ended as the straight one, and whether that is a failure. Both draw the
+    same batches, so on deterministic kernels their logs (timing aside) and weights are equal bit for bit. On
+    some GPU kernels (flash attention's backward adds in no fixed order) two runs drift apart from the first
+    step, resumed or not: the steps before the stop, which both ran alike, tell the two cases apart."""
+    straight, resumed = ([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log_records(d)]
+                         for d in (straight_dir, resumed_dir))
+    weights = [torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', mmap=True,
+                          weights_only=True)['model'] for d in (straight_dir, resumed_dir)]
+    weight_gap = max((weights[0][k].float() - weights[1][k].float()).abs().max().item() for k in weights[0])
+    first = next((a or b for a, b in itertools.zip_longest(straight, resumed, fillvalue={}) if a != b), None)
+    if first is None and weight_gap == 0:
+        return True, (f"exact: stopped at step {stopped_at} and resumed, the run's log ({len(resumed)} "
+                      f"records) and final weights equal the straight run's, bit for bit")
+    drift = f"the final weights differ by up to {weight_gap:.3g}"
+    # the records the first half wrote: its steps up to the stop, but not the evaluation there, which the
+    # resumed run repeats on the weights it loaded (as train.py keeps the log on resume)
+    if first and (first['step'] < stopped_at or first['step'] == stopped_at and 'val_loss' not in first):
+        return True, (f"not checkable bit for bit here: the two runs already differ at step {first['step']}, "
+                      f"before the second one stopped (step {stopped_at}), so this node's kernels are not "
+                      f"deterministic; {drift}")
+    where = f"from step {first['step']}" if first else "in the final weights"
+    return False, (f"NOT exact: the runs agree up to the stop at step {stopped_at}, the resumed one differs "
+                   f"{where}; {drift}")
+
+
+def check_node():
+    if not torch.distributed.is_available():
+        raise SystemExit("bench.py: this torch has no torch.distributed, so no torchrun; install a build with "
+                         "it (pytorch.org's Linux wheels have it)")
+    if not os.path.isfile(node_config):
+        raise SystemExit(f"bench.py: node_config={node_config!r} not found; name a config file, "
+                         f"e.g. config/resformer_82m.py")
+    if node_iters < 2:
+        raise SystemExit(f"bench.py: node_iters={node_iters}; use 2 or more (a run stops halfway to resume)")
+    if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
+        raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
+                         "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with "
+                         "a tiny shape (docs/training.md, 'Checking a node')")
+    kind = pick_device(device).split(':')[0]  # each rank takes its own GPU
+    if kind not in ('cuda', 'cpu'):
+        raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try it, "
+                         f"on the CPU (gloo)")
+    precision = pick_dtype(dtype, kind)
+    gpus = torch.cuda.device_count() if kind == 'cuda' else 0
+    ranks = nproc or gpus or 1
+    if gpus and not torch.distributed.is_nccl_available():
+        raise SystemExit("bench.py: this torch has no NCCL, which torchrun's GPU ranks use; install a CUDA "
+                         "build of torch from pytorch.org")
+    if ranks < 1:
+        raise SystemExit(f"bench.py: nproc={nproc}; use 1 or more ranks, or 0 for one per GPU")
+    if gpus and ranks > gpus:
+        raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, or 0 for all")
+    estimate = memory_estimate(node_config)
+    write_synthetic_data(os.path.join('data', NODE_DATA))
+    half = node_iters // 2
+    straight_dir, resumed_dir = (os.path.join('out', 'node_check', name) for name in ('straight', 'resumed'))
+    # every step logged; one validation batch, at the start, where the second run stops (so that both runs have
+    # the same best_val_loss there) and at the end
+    common = [node_config, f'--dataset={NODE_DATA}', f'--device={kind}', f'--dtype={precision}',
+              '--log_interval=1', '--eval_iters=1', f'--eval_interval={half}', *shlex.split(train_args)]
+    print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
+          f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}", flush=True)
+    launch('straight', ranks, [*common, f'--out_dir={straight_dir}', f'--max_iters={node_iters}',
+                               '--overwrite=True'])
+    launch('first half', ranks, [*common, f'--out_dir={resumed_dir}', f'--max_iters={half}',
+                                 '--overwrite=True'])
+    launch('resumed', ranks, [*common, f'--out_dir={resumed_dir}', f'--max_iters={node_iters}',
+                              '--init_from=resume'])
+
+    steps = [r for r in log_records(straight_dir) if 'train_loss' in r]
+    speed = statistics.median(r['tokens_per_sec'] for r in steps)
+    print(f"tokens/s: {speed:,.0f} for the job, {speed / ranks:,.0f} per rank (median of the straight run's "
+          f"{len(steps)} steps)")
+    if 'mfu' in steps[0]:
+        print(f"MFU per GPU: {100 * statistics.median(r['mfu'] for r in steps):.1f}%")
+    else:
+        print("MFU per GPU: none, train.py knows no peak FLOP/s for this device; give it with "
+              "--train_args='--peak_tflops=...'")
+    stated = (f"{node_config}'s header estimates about {estimate[0]:g}-{estimate[1]:g} GB" if estimate
+              else f"{node_config}'s header states no estimate")
+    if 'peak_memory_gib' in steps[0]:
+        peak_gb = max(r['peak_memory_gib'] for r in steps) * 2 ** 30 / 1e9
+        above = ", ABOVE the estimate" if estimate and peak_gb > estimate[1] else ""
+        print(f"peak memory per GPU: {peak_gb:.1f} GB; {stated}{above}")
+    else:
+        why = 'not in log.jsonl' if gpus else 'CUDA only'
+        print(f"peak memory per GPU: not measured ({why}); {stated}")
+    exact, how = compare_resume(straight_dir, resumed_dir, half)
+    print(f"resume: {how}")
+    if not exact:
+        raise SystemExit("bench.py: node check failed: a resumed run does not continue exactly (line above)")
+    print(f"node check passed (logs and checkpoints: {straight_dir}, {resumed_dir})")
+
+
+if node_check:
+    check_node()
+    raise SystemExit(0)
 
 # model shape, then (batch, T) on a CPU and on a GPU; 'small' is train.py's defaults (84 characters padded to 128)
 SHAPES = {
@@ -105,7 +279,6 @@ B, T = gpu_bt if device_type == 'cuda' else cpu_bt
 B, T = batch_size or B, block_size or T
 L, d, H, V = dims['n_layer'], dims['n_embd'], dims['n_head'], dims['vocab_size']
 notes = [SMOKE_WARNING] if smoke else []  # what was skipped, and why
-HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
 
 
 def sync():
@@ -188,6 +361,13 @@ if official:
         notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} (they need transformers==4.44.2)")
 else:
     notes.append("official rows skipped: pass --official=FOLDER holding Zcchill/Value-Residual-Learning's src/modeling files")
+if compile:
+    # All our contenders run one code object, GPT.forward, and torch keeps a compiled entry on it per variant's
+    # structure (and per decoding shape: up to 5 a decoder). Past recompile_limit entries (8 by default) it would
+    # run the rest eager with a log line only, and they would be timed as compiled: give every contender the room
+    # torch gives one model, and make running out a hard error instead of a silent fallback.
+    torch._dynamo.config.recompile_limit *= len(contenders)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
 # --------------------------------------------------------------------------- timing helpers

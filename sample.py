@@ -11,6 +11,7 @@ batch and printed one after another). The settings overridden, the speed and the
 next to what a vanilla Transformer of the same shape would need, go to stderr.
 """
 import os
+import stat
 import sys
 import time
 from contextlib import nullcontext
@@ -78,6 +79,10 @@ tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's token
 # the prompt
 if start.startswith('FILE:'):
     try:
+        # as in prepare.py, pipes and devices are not read: opening a pipe that has no writer never returns
+        if not stat.S_ISREG(os.stat(start[5:]).st_mode):
+            raise SystemExit(f"sample.py: the prompt file {start[5:]} is not a regular file (a pipe or device "
+                             f"may wait forever for a writer); save the prompt to a file, or pass --start=TEXT")
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
     except OSError as e:

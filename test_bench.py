@@ -1,13 +1,18 @@
 """bench.py --smoke: every section runs and the report is well formed. No timing is checked: the numbers of a
-smoke run mean nothing, and a loaded machine must not fail the suite."""
+smoke run mean nothing, and a loaded machine must not fail the suite. bench.py --compile=True compiles every
+contender. bench.py --node_check, on 2 CPU ranks at a tiny shape."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+import torch
+
 from model import VARIANTS
+from prepare import load_meta, open_split
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,8 +40,9 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     run = subprocess.run([sys.executable, 'bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
     assert (run.returncode, run.stderr) == (0, '')
     settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
-    assert settings[4][:2] == ['--rounds=10', 'each'] and settings[-1][0] == '--smoke=False'
-    assert len(settings) == 20 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
+    assert settings[-1][0] == "--train_args=''"  # the node check's, under a heading of their own
+    assert len(settings) == 25 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [
@@ -96,3 +102,99 @@ def test_kv_ratios_equal_the_formulas(smoke):
     kv = smoke[1]['kv']
     assert {row['shape'] for row in kv} == {'82m', '468m'}
     assert all(row['matches'] for row in kv), [row for row in kv if not row['matches']]
+
+
+# Runs bench.py with torch.compile's backend swapped for 'eager': dynamo still traces every contender and keeps
+# its cache entries and recompile limit exactly as with inductor, but no kernels are generated, so this takes
+# seconds. It prints, after the report, how many frames dynamo tried and how many it compiled.
+EAGER_BACKEND_BENCH = """
+import runpy, sys, torch
+from torch._dynamo.utils import counters
+compile = torch.compile
+torch.compile = lambda model, **options: compile(model, backend='eager')
+sys.argv = ['bench.py'] + sys.argv[1:]
+runpy.run_path('bench.py', run_name='__main__')
+print('frames', counters['frames']['total'], counters['frames']['ok'])
+"""
+
+
+def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(tmp_path):
+    # 13 variants share GPT.forward, more than the 8 entries torch keeps for one code object by default
+    assert len(VARIANTS) > 8
+    run = subprocess.run([sys.executable, '-c', EAGER_BACKEND_BENCH, '--smoke', '--compile=True',
+                          '--memory=False', '--decode_tokens=(2,)', '--device=cpu',
+                          f'--out={tmp_path / "bench.json"}'], cwd=HERE, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert 'recompile_limit' not in run.stderr
+    total, ok = map(int, run.stdout.splitlines()[-1].split()[1:])
+    assert total == ok > len(VARIANTS)  # every frame dynamo met was compiled: none fell back to eager
+    results = json.loads((tmp_path / 'bench.json').read_text())
+    assert results['settings']['compile'] and {row['variant'] for row in results['decode']} == set(VARIANTS)
+
+
+# The 82M config's model at a tiny width and depth, its global batch of 1024 sequences cut to 8, on 2 CPU ranks
+NODE_CHECK = ['--node_check', '--nproc=2', '--device=cpu', '--node_iters=4',
+              f'--node_config={HERE}/config/resformer_82m.py']
+TINY_SHAPE = '--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 --gradient_accumulation_steps=1'
+
+
+def node_check(cwd, train_args):
+    return subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), *NODE_CHECK,
+                           f'--train_args={train_args}'], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_ranks(tmp_path):
+    run = node_check(tmp_path, f'{TINY_SHAPE} --peak_tflops=1')  # a made-up peak, for an MFU on a CPU
+    assert run.returncode == 0 and 'Traceback' not in run.stderr, run.stdout + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith(f'node check: {HERE}/config/resformer_82m.py on 2 CPU ranks (gloo, float32)')
+    torchrun = ' run: python -m torch.distributed.run --standalone --nproc_per_node=2 '
+    launched = [line for line in lines if torchrun in line]
+    assert [line.split(' run:')[0] for line in launched] == ['straight', 'first half', 'resumed']
+    assert launched[2].endswith('--out_dir=out/node_check/resumed --max_iters=4 --init_from=resume')
+    job, per_rank = (float(n.replace(',', '')) for n in re.fullmatch(
+        r"tokens/s: ([\d,]+) for the job, ([\d,]+) per rank \(median of the straight run's 4 steps\)",
+        next(line for line in lines if line.startswith('tokens/s'))).groups())
+    assert job > 0 and abs(per_rank - job / 2) <= 1
+    assert re.fullmatch(r'MFU per GPU: \d+\.\d%', next(line for line in lines if line.startswith('MFU')))
+    # no GPU, no peak memory; the estimate is read from the config's header, "... about 45-60 GB ..."
+    assert (f"peak memory per GPU: not measured (CUDA only); {HERE}/config/resformer_82m.py's header estimates "
+            f"about 45-60 GB") in lines
+    assert lines[-2].startswith("resume: exact: stopped at step 2 and resumed, the run's log (7 records) and")
+    assert lines[-1].startswith('node check passed')
+    # what it wrote: data that prepare.py's reader accepts, and two runs that ended alike
+    meta = load_meta(tmp_path / 'data' / 'node_check')
+    assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) > 65536
+    straight, resumed = (torch.load(tmp_path / 'out' / 'node_check' / name / 'ckpt.pt', weights_only=True)
+                         for name in ('straight', 'resumed'))
+    assert straight['iter_num'] == resumed['iter_num'] == 4
+    assert straight['model'].keys() == resumed['model'].keys()
+    assert all(torch.equal(straight['model'][k], resumed['model'][k]) for k in straight['model'])
+
+
+def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
+    # the loss becomes NaN at the first step: train.py's rank stops, and torchrun's summary holds its one line
+    run = node_check(tmp_path, f'{TINY_SHAPE} --learning_rate=1e30 --warmup_iters=0')
+    assert run.returncode == 1 and 'Root Cause' in run.stderr  # torchrun's last lines, shown above
+    assert run.stderr.splitlines()[-1].startswith(
+        'bench.py: node check: the straight run failed with exit status 1 (train.py: the training loss or '
+        'gradient norm became NaN or inf at step 1')
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--device=cpu', '--nproc=-1'], "bench.py: nproc=-1; use 1 or more ranks, or 0 for one per GPU"),
+    (['--device=cpu', '--node_iters=1'], "bench.py: node_iters=1; use 2 or more (a run stops halfway to "
+                                         "resume)"),
+    (['--device=cpu', '--node_config=nope.py'], "bench.py: node_config='nope.py' not found; name a config "
+                                                "file, e.g. config/resformer_82m.py"),
+    (['--device=cuda'], "bench.py: the node check found no GPU (torch.cuda.is_available() is False: no GPU, or "
+                        "a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with a tiny "
+                        "shape (docs/training.md, 'Checking a node')"),
+])
+def test_node_check_settings_it_cannot_run_exit_with_one_line_before_any_run(tmp_path, args, message):
+    if args == ['--device=cuda'] and torch.cuda.is_available():
+        pytest.skip('a GPU is here')
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--node_check', NODE_CHECK[-1],
+                          *args], cwd=tmp_path, capture_output=True, text=True)
+    assert (run.returncode, run.stdout, run.stderr.splitlines()[-1]) == (1, '', message)
+    assert os.listdir(tmp_path) == []  # no data written, no run started

@@ -203,3 +203,13 @@ def test_unusable_device_exits_with_one_line(runs, device):
         sample(runs / 'vanilla', '--start=the ', f'--device={device}')
     message = exit.value.code
     assert isinstance(message, str) and '\n' not in message and device in message, message
+
+
+def test_a_prompt_file_that_is_a_pipe_without_a_writer_exits_with_one_line_instead_of_waiting(runs):
+    os.mkfifo(runs / 'prompt.fifo')  # opening it to read would block until someone opened it to write
+    result = subprocess.run([sys.executable, SAMPLE_PY, '--out_dir=vanilla', '--device=cpu', '--start=FILE:prompt.fifo'],
+                            capture_output=True, text=True, cwd=runs, timeout=60)
+    assert (result.returncode, result.stdout) == (1, '') and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == ("sample.py: the prompt file prompt.fifo is not a regular file (a pipe or "
+                                              "device may wait forever for a writer); save the prompt to a file, or "
+                                              "pass --start=TEXT")
