@@ -471,11 +471,11 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
 
 def test_a_model_too_big_for_memory_is_one_line(workdir):
     """n_embd=200000 asks for 160 GB matrices: one line (run with an address-space limit, so that no machine
-    really tries to find the memory)."""
+    really tries to find the memory; on the CPU by name, as device='auto' refuses a model this size one)."""
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
-    result = run([REPO / 'train.py', *TINY, '--out_dir=out_huge', '--n_embd=200000'], workdir, check=False,
-                 preexec_fn=limit_memory)
+    result = run([REPO / 'train.py', *TINY, '--out_dir=out_huge', '--n_embd=200000', '--device=cpu'], workdir,
+                 check=False, preexec_fn=limit_memory)
     one_line_error(result, 'train.py: the model does not fit in cpu memory', "can't allocate memory",
                    'use a smaller model')
     assert not (workdir / 'out_huge').exists()
