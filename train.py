@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
