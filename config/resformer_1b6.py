@@ -10,8 +10,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/fig2_vanilla_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/fig2_resformer_1b6
 # Any other variant the same way (e.g. --variant=svformer).
-# Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 62-71 GB, most of it the 1.67B parameters' 33 GB
-# of weights, gradients and AdamW state (8 would need 90-108 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
+# Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 55-64 GB, most of it the 1.67B parameters' 27 GB
+# of weights, gradients and AdamW state (8 would need 83-101 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/fig2_resformer_1b6'
