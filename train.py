@@ -104,7 +104,7 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_')
 
 # One GPU's dense bf16 tensor-core peak in TFLOP/s, for MFU, by the exact name torch.cuda.get_device_name
 # gives: the vendor's datasheet figure, which NVIDIA states with 2:4 sparsity, halved. The exact name matters:
-# an H100 PCIe or NVL has three quarters of an SXM's peak, yet all three names contain 'H100'. Not listed: no
+# an H100 PCIe or NVL has 76% or 84% of an SXM's peak, yet all three names contain 'H100'. Not listed: no
 # MFU unless --peak_tflops gives it. (Should an H200 NVL ever call itself plain 'NVIDIA H200', pass 835.5.)
 PEAK_TFLOPS = {
     'NVIDIA H100 80GB HBM3': 1979 / 2,  # H100 SXM5 (H100 datasheet)
