@@ -219,7 +219,7 @@ def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdi
         assert record['val_loss'] == pytest.approx(sum(record['val_loss_domains'].values()) / len(DOMAINS))
     model, checkpoint = load_checkpoint(workdir / 'out_domains' / 'ckpt.pt')
     assert checkpoint['iter_num'] == 4 and checkpoint['last_eval'] == evaluations[-1]
-    T, count = 32, 8  # eval_iters x batch_size = 16 windows over 3 domains: a micro-batch of 8 each
+    T, count = 32, 8  # eval_iters x batch_size = 16 windows over 3 domains: a batch of 8 each
     for domain, arrays in val.items():
         places = [(a, i) for a, array in enumerate(arrays) for i in range(0, len(array) - T - 1, T)]
         rows = torch.tensor(np.stack([arrays[a][i:i + T + 1] for a, i in

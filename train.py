@@ -45,7 +45,7 @@ eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt when val improv
 log_interval = 10
 eval_iters = 10  # validation batches of batch_size windows, the same every time (curves compare across runs);
 # a validation split kept by domain (SlimPajama's) shares as many windows equally among its domains, each
-# share rounded up to whole micro-batches: about the same cost
+# share rounded up to whole batches: about the same cost
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 overwrite = False  # let a fresh run replace the ckpt.pt, best.pt and log.jsonl of a run already in out_dir
@@ -181,13 +181,13 @@ def validation_windows(shards, count, what):
 
 def validation_sets(domains):
     """{name: (shards, windows)} that evaluation scores: each of the domains (SlimPajama's, scored one by one
-    as the paper does), sharing eval_iters x batch_size windows equally in whole micro-batches; or, domains
-    being None, the one validation split."""
+    as the paper does), sharing eval_iters x batch_size windows equally in whole batches (so that training's
+    micro-batches divide them, and micro_batch_size, which a resumed run may change, changes no window); or,
+    domains being None, the one validation split."""
     if domains is None:
         shards = open_split(data_dir, 'val')
         return {'val': (shards, validation_windows(shards, eval_iters * batch_size, 'the validation split'))}
-    piece = micro_batch_size or batch_size
-    count = -(-eval_iters * batch_size // (len(domains) * piece)) * piece
+    count = -(-eval_iters // len(domains)) * batch_size
     return {domain: (shards, validation_windows(shards, count, f"the validation split of domain {domain}"))
             for domain, shards in domains.items()}
 
