@@ -19,6 +19,7 @@ Layers are 1-based in the paper and 0-based in the code: the paper's layer n is 
 """
 
 import math
+import os
 import re
 from collections import namedtuple
 from dataclasses import dataclass, fields
@@ -413,13 +414,17 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward): 6 per matmul weight plus attention's QK^T and AV."""
+        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus causal
+        attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on average, and
+        a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half. nanoGPT's formula
+        (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no kernel does: at
+        65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly twice the MFU."""
         cfg = self.config
-        return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * seq_len
+        return 6 * self.num_params(exclude_embedding=True) + 6 * cfg.n_layer * cfg.n_embd * seq_len
 
     def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
-        """Model FLOPs utilisation against peak_flops, the accelerator's peak for the dtype in use
-        (caller's choice)."""
+        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under DDP,
+        the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=()):
@@ -781,7 +786,10 @@ def load_checkpoint(path, device='cpu'):
     """(model, checkpoint) from a checkpoint written by train.py;
     a missing or damaged file exits with one line."""
     try:
-        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about 20 GB
+        # with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows, which
+        # cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
     except Exception:  # truncated, or not written by torch.save
@@ -806,11 +814,20 @@ def load_checkpoint(path, device='cpu'):
     return model.to(device), checkpoint
 
 
-def pick_device(device):
-    """'auto' means cuda, then mps, then cpu; a device this torch cannot use exits with one line."""
+def pick_device(device, needs_gpu=None):
+    """'auto' means cuda, else cpu (mps only by name); a device this torch cannot use exits with one line.
+    needs_gpu: why the job is too big for a CPU (train.py's full-scale runs), so that 'auto' stops rather than
+    fall back to one: a CUDA wheel the driver is too old for looks like a machine without a GPU."""
     if device == 'auto':
         # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may well be faster
-        return 'cuda' if torch.cuda.is_available() else 'cpu'
+        if torch.cuda.is_available():
+            return 'cuda'
+        if needs_gpu:
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise SystemExit(f"device='auto' found no usable GPU (torch {torch.__version__}, {build}), and "
+                             f"{needs_gpu}; install a torch whose CUDA the driver supports (nvidia-smi "
+                             f"names the newest), or run on the CPU anyway with --device=cpu")
+        return 'cpu'
     try:
         parsed = torch.device(device)
     except RuntimeError:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from configurator import configure
-from model import GPT, VARIANTS, GPTConfig
+from model import GPT, VARIANTS, GPTConfig, load_checkpoint
 
 REPO = Path(__file__).resolve().parent
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8',
@@ -106,7 +107,8 @@ def test_training_lowers_the_loss(workdir):
     result = train(workdir, '--out_dir=out_learn', '--max_iters=60', '--eval_interval=30', '--lr_decay_iters=60')
     val = log(workdir, 'out_learn', 'val_loss')
     assert val[60] < 0.75 * val[0], val
-    assert (workdir / 'out_learn' / 'best.pt').exists() and (workdir / 'out_learn' / 'ckpt.pt').exists()
+    # the last evaluation was the best: one file written, under both names
+    assert os.path.samefile(workdir / 'out_learn' / 'best.pt', workdir / 'out_learn' / 'ckpt.pt')
     assert '256 tokens per step' in result.stdout and 'for the 60 steps to go' in result.stdout
 
 
@@ -127,6 +129,133 @@ def test_the_cost_estimate_changes_nothing(workdir):
     assert lines[3].startswith('step 0: val loss')  # the estimate comes before any long work
     assert records(workdir, 'out_probed') == records(workdir, 'out_unprobed')
     assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
+
+
+def test_a_micro_step_leaves_no_logits_behind(workdir, monkeypatch):
+    """Nothing holds a forward pass's logits (B x T x vocab: 6.6 GB at 82M) once its loss is taken: not at the
+    next forward pass, training's or evaluation's, nor at the update. Each pass's inputs and targets are two views
+    of one block of windows, copied to the device once."""
+    forward, clip = GPT.forward, torch.nn.utils.clip_grad_norm_
+    last_logits, held, one_block = [lambda: None], [], []
+
+    def watched_forward(model, idx, targets=None, **kwargs):
+        held.append(last_logits[0]() is not None)
+        one_block.append(idx.untyped_storage().data_ptr() == targets.untyped_storage().data_ptr())
+        logits, loss = forward(model, idx, targets, **kwargs)
+        last_logits[0] = weakref.ref(logits)
+        return logits, loss
+
+    def watched_clip(*args, **kwargs):
+        held.append(last_logits[0]() is not None)
+        return clip(*args, **kwargs)
+
+    monkeypatch.setattr(GPT, 'forward', watched_forward)
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', watched_clip)
+    train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
+    monkeypatch.undo()
+    # the cost estimate's 2 passes, 4 evaluation passes at step 0, 3 steps of 2 passes and an update, 4 at step 3
+    assert len(held) == 2 + 4 + 3 * (2 + 1) + 4 and not any(held)
+    assert all(one_block)
+
+
+def test_evaluation_takes_training_sized_micro_batches_and_keeps_its_loss(workdir, monkeypatch):
+    """Evaluation forwards micro-batches of the size training's have (so a compiled model compiles no batch size
+    of its own, and memory stays what training takes), and the loss stays that of any other split: resuming a
+    finished run with another micro_batch_size repeats its last evaluation, and logs the same loss."""
+    forward, sizes = GPT.forward, []
+
+    def counted(model, idx, *args, **kwargs):
+        sizes.append((model.training, idx.size(0)))
+        return forward(model, idx, *args, **kwargs)
+
+    common = ['--out_dir=out_eval_micro', '--max_iters=4', '--eval_interval=2', '--lr_decay_iters=4']
+    monkeypatch.setattr(GPT, 'forward', counted)
+    train(workdir, *common, '--micro_batch_size=4')
+    monkeypatch.undo()
+    assert {n for training, n in sizes if training} == {n for training, n in sizes if not training} == {4}
+    before = log(workdir, 'out_eval_micro', 'val_loss')[4]
+    train(workdir, *common, '--init_from=resume', '--micro_batch_size=3')  # 16 windows: 5 x 3 and 1
+    assert log(workdir, 'out_eval_micro', 'val_loss')[4] == pytest.approx(before, rel=1e-6)
+
+
+DOMAINS = {'arxiv': [300], 'github': [600, 200], 'wikipedia': [2000]}  # tokens in each validation file
+
+
+def domain_data(workdir):
+    """data/domains_char, SlimPajama's layout built by hand: a training shard, and a validation split kept by
+    domain, with domains of different sizes (one in two files) and kinds of text: random tokens, a cycle, and
+    a random walk. Returns {domain: its validation arrays}."""
+    folder, rng, vocab = workdir / 'data' / 'domains_char', np.random.default_rng(0), 16
+    kinds = {'arxiv': lambda n: rng.integers(0, vocab, n), 'github': lambda n: np.arange(n) % vocab,
+             'wikipedia': lambda n: np.cumsum(rng.choice([-1, 1], n)) % vocab}
+    files = {'train_00000.bin': np.concatenate([kind(3000) for kind in kinds.values()])}
+    val_domains = {domain: [] for domain in DOMAINS}
+    for domain, sizes in DOMAINS.items():
+        for i, n in enumerate(sizes):
+            files[f'val_{domain}_{i:05d}.bin'] = kinds[domain](n)
+            val_domains[domain].append(f'val_{domain}_{i:05d}.bin')
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, tokens in files.items():
+        tokens.astype(np.uint16).tofile(folder / name)
+    meta = {'tokenizer': 'char', 'chars': [chr(97 + i) for i in range(vocab)], 'vocab_size': vocab,
+            'files': {name: len(tokens) for name, tokens in files.items()}, 'max_token': vocab - 1,
+            'val_domains': val_domains}
+    (folder / 'meta.json').write_text(json.dumps(meta))
+    return {domain: [files[name].astype(np.int64) for name in names] for domain, names in val_domains.items()}
+
+
+def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdir):
+    """Where the data keeps its validation split by domain (SlimPajama), each domain is scored on its own fixed
+    windows: each val record of log.jsonl holds every domain's loss, and val_loss is their unweighted mean (the
+    paper's measure); the checkpoint keeps that evaluation, and each domain's loss is the checkpoint's, computed
+    here by hand on that domain's windows. A domain too small for its share of windows is one line."""
+    val = domain_data(workdir)
+    train(workdir, '--dataset=domains_char', '--out_dir=out_domains', '--max_iters=4', '--eval_interval=2',
+          '--lr_decay_iters=4')
+    evaluations = [r for r in records(workdir, 'out_domains') if 'val_loss' in r]
+    assert [r['step'] for r in evaluations] == [0, 2, 4]
+    for record in evaluations:
+        assert list(record['val_loss_domains']) == list(DOMAINS)
+        assert record['val_loss'] == pytest.approx(sum(record['val_loss_domains'].values()) / len(DOMAINS))
+    model, checkpoint = load_checkpoint(workdir / 'out_domains' / 'ckpt.pt')
+    assert checkpoint['iter_num'] == 4 and checkpoint['last_eval'] == evaluations[-1]
+    T, count = 32, 8  # eval_iters x batch_size = 16 windows over 3 domains: a batch of 8 each
+    for domain, arrays in val.items():
+        places = [(a, i) for a, array in enumerate(arrays) for i in range(0, len(array) - T - 1, T)]
+        rows = torch.tensor(np.stack([arrays[a][i:i + T + 1] for a, i in
+                                      (places[round(k * (len(places) - 1) / (count - 1))] for k in range(count))]))
+        with torch.no_grad():
+            loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
+        assert evaluations[-1]['val_loss_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
+    one_line_error(train(workdir, '--dataset=domains_char', '--out_dir=out_domains_few', '--eval_iters=20',
+                         check=False),
+                   'train.py: the validation split of domain arxiv has 9 windows of 32 tokens, fewer than the 56 '
+                   'evaluation takes; lower eval_iters or batch_size')
+
+
+def test_an_lr_scale_of_0_leaves_its_parameter_unchanged(workdir):
+    """lr_scales=[[name, 0]]: that parameter keeps its initial value exactly (no update, no weight decay) while
+    every other one trains."""
+    frozen, common = 'blocks.0.attn.c_v.weight', ['--out_dir=out_lr_scales', '--eval_interval=3']
+    scales = f'--lr_scales=[["{frozen}", 0]]'
+    train(workdir, *common, scales, '--max_iters=0')  # evaluates and saves the initial weights
+    initial = weights(workdir, 'out_lr_scales')
+    train(workdir, *common, scales, '--max_iters=3', '--init_from=resume')
+    trained = weights(workdir, 'out_lr_scales')
+    assert torch.equal(trained[frozen], initial[frozen])
+    assert all(not torch.equal(trained[name], initial[name]) for name in initial if name != frozen)
+
+
+def test_a_lambda_table_resumes_whether_written_as_tuples_or_lists(workdir):
+    """A config file writes λ as tuples, the command line as lists: the same setting, so a run started from the
+    one resumes with the other."""
+    (workdir / 'tuples.py').write_text("variant = 'custom'\nvalue_residual = True\n"
+                                       "lambdas = ((0.0, 1.0), (0.5, 0.5))\n")
+    common = ['--out_dir=out_tuples', '--eval_interval=2', '--lr_decay_iters=4']
+    train(workdir, 'tuples.py', *common, '--max_iters=2')
+    train(workdir, '--variant=custom', '--value_residual=True', '--lambdas=[[0.0, 1.0], [0.5, 0.5]]', *common,
+          '--max_iters=4', '--init_from=resume')
+    assert max(log(workdir, 'out_tuples', 'train_loss')) == 4
 
 
 @pytest.fixture(scope='module')
@@ -150,7 +279,8 @@ def test_resume_continues_exactly(workdir, straight):
     assert [r['step'] for r in straight if 'train_loss' in r] == list(range(1, 41))
 
 
-STOP_AT_STEP = """import os, runpy, signal, sys
+STOP_AT_STEP = """import os, runpy, signal, sys, time
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 stop_step, stop_rank, sys.argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
@@ -161,6 +291,12 @@ def stop_at_step(optimizer, args, kwargs):
     if updates == stop_step and os.environ.get('RANK', '0') == stop_rank:
         os.kill(os.getpid(), signal.SIGSTOP)
 register_optimizer_step_post_hook(stop_at_step)
+save = torch.save
+def slow_save(*args, **kwargs):  # a slow disk: the file written, not yet renamed into place
+    save(*args, **kwargs)
+    if updates >= stop_step:
+        time.sleep(float(os.environ.get('SLOW_SAVE', 0)))
+torch.save = slow_save
 runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
@@ -168,7 +304,8 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 def stopping_at(workdir, step, rank=0):
     """The start of a command line running train.py that stops itself (SIGSTOP) inside its step-th update on
     that rank, so a test signals it at a known step whatever the machine's load (polling the log lost that
-    race on a busy machine)."""
+    race on a busy machine). With SLOW_SAVE=s in its environment, each checkpoint from that step on takes s
+    seconds more to write."""
     script = workdir / 'stop_at_step.py'
     script.write_text(STOP_AT_STEP)
     return [script, str(step), str(rank), REPO / 'train.py']
@@ -276,7 +413,8 @@ def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, s
 
 def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     """best.pt is written before ckpt.pt: a kill between the two repeats that evaluation on resume, which
-    rewrites best.pt; a 0-byte best.pt.tmp of the killed write is cleaned up, a user's notes.tmp is not."""
+    rewrites best.pt; a 0-byte best.pt.tmp of the killed write is removed with a line that says so, a user's
+    notes.tmp is not."""
     common = ['--out_dir=out_best', '--eval_interval=2', '--lr_decay_iters=4']
     train(workdir, *common, '--max_iters=2')
     ckpt = workdir / 'out_best' / 'ckpt.pt'
@@ -285,7 +423,8 @@ def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     ckpt.write_bytes(ckpt_at_2)  # as if killed after writing best.pt for step 4, before ckpt.pt
     (workdir / 'out_best' / 'best.pt.tmp').touch()
     (workdir / 'out_best' / 'notes.tmp').write_text('mine')
-    train(workdir, *common, '--max_iters=4', '--init_from=resume')
+    result = train(workdir, *common, '--max_iters=4', '--init_from=resume')
+    assert 'train.py: removed out_best/best.pt.tmp, a checkpoint write cut short by a kill' in result.stderr
     val = log(workdir, 'out_best', 'val_loss')
     assert [r['step'] for r in records(workdir, 'out_best') if 'val_loss' in r] == [0, 2, 4]
     best = torch.load(workdir / 'out_best' / 'best.pt', weights_only=True)
@@ -293,6 +432,18 @@ def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     assert torch.load(ckpt, weights_only=True)['iter_num'] == 4
     assert [path.name for path in (workdir / 'out_best').glob('*.tmp')] == ['notes.tmp']
     assert (workdir / 'out_best' / 'notes.tmp').read_text() == 'mine'
+
+
+def test_best_pt_is_a_copy_where_the_filesystem_has_no_hard_links(workdir, monkeypatch):
+    """ckpt.pt and best.pt come from one serialization; where a hard link fails, best.pt is a copy of it."""
+    def no_hard_links(*args, **kwargs):
+        raise OSError('hard links are not supported here')
+
+    monkeypatch.setattr(os, 'link', no_hard_links)
+    train(workdir, '--out_dir=out_no_links', '--max_iters=2', '--eval_interval=2')
+    val = log(workdir, 'out_no_links', 'val_loss')
+    best, ckpt = workdir / 'out_no_links' / 'best.pt', workdir / 'out_no_links' / 'ckpt.pt'
+    assert val[2] < val[0] and not os.path.samefile(best, ckpt) and best.read_bytes() == ckpt.read_bytes()
 
 
 def test_a_run_is_never_overwritten_by_accident(workdir):
@@ -400,6 +551,17 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--out_dir=out_fresh', '--n_embd=33'], 'n_embd=33', 'n_head'),
     (['--n_layers=3'], "did you mean 'n_layer'"),
     (['--out_dir=out_fresh', '--seed=99999999999999999999999'], 'seed=99999999999999999999999', '2**64 - 1'),
+    (['--out_dir=out_fresh', '--lr_scales=[["blocks.0.attn.c_vv.weight", 2]]'],
+     "bad lr_scales=[['blocks.0.attn.c_vv.weight', 2]]", 'not parameters of this model'),
+    (['--init_from=resume', '--lr_scales=[["wte.weight", 2]]'],
+     "trained with other settings: lr_scales=[] (now [['wte.weight', 2]])"),
+    # a run sized for 8 GPUs stops rather than fall back to the CPU, unless the CPU is asked for by name (this
+    # one then gets as far as finding the corpus too small for its evaluation)
+    pytest.param(([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh'],
+                  "device='auto' found no usable GPU", 'FLOPs', 'or run on the CPU anyway with --device=cpu'),
+                 marks=no_cuda),
+    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh', '--device=cpu'],
+     'the validation split has 5 windows of 2048 tokens, fewer than the 1600 evaluation takes'),
 ]
 
 
@@ -471,19 +633,20 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
 
 def test_a_model_too_big_for_memory_is_one_line(workdir):
     """n_embd=200000 asks for 160 GB matrices: one line (run with an address-space limit, so that no machine
-    really tries to find the memory)."""
+    really tries to find the memory; on the CPU by name, as device='auto' refuses a model this size one)."""
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
-    result = run([REPO / 'train.py', *TINY, '--out_dir=out_huge', '--n_embd=200000'], workdir, check=False,
-                 preexec_fn=limit_memory)
+    result = run([REPO / 'train.py', *TINY, '--out_dir=out_huge', '--n_embd=200000', '--device=cpu'], workdir,
+                 check=False, preexec_fn=limit_memory)
     one_line_error(result, 'train.py: the model does not fit in cpu memory', "can't allocate memory",
                    'use a smaller model')
     assert not (workdir / 'out_huge').exists()
 
 
-def torchrun(workdir, *args, **kw):
+def torchrun(workdir, *args, script=(REPO / 'train.py',), **kw):
+    """torchrun with 2 CPU ranks of train.py, or of a wrapper's command line (script) that runs it."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    return run(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', REPO / 'train.py', *args],
+    return run(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', *script, *args],
                workdir, env=env, **kw)
 
 
@@ -502,6 +665,7 @@ def test_ddp_matches_single_process(workdir, setup):
     train_here(workdir, [*common, f'--out_dir=out_single_{out}'])
     result = torchrun(workdir, *common, f'--out_dir=out_ddp_{out}')
     assert 'weights across 2 ranks differ by at most 0' in result.stdout
+    assert result.stdout.count(' a step (') == 1  # the cost estimate, said by rank 0 alone
     assert 'Warning' not in result.stderr, result.stderr  # e.g. DDP's broadcast_buffers FutureWarning
     single, ddp = log(workdir, f'out_single_{out}', 'train_loss'), log(workdir, f'out_ddp_{out}', 'train_loss')
     assert list(single) == list(ddp) == list(range(1, 7))
@@ -538,23 +702,90 @@ def rank_pid(torchrun_pid, rank):
 
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(workdir):
     """SIGTERM to rank 1 alone (a scheduler's signal may reach the ranks at different steps): every rank stops at
-    the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and weights."""
+    the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and weights.
+    The save takes 35 s (a 1.6B checkpoint is about 20 GB), longer than torchrun waits after a rank exits
+    before it kills the others (30 s): rank 1 must wait for rank 0's save instead of exiting at once."""
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
     process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
                                 *stopping_at(workdir, 5, rank=1), *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
-                               env=dict(os.environ, OMP_NUM_THREADS='1'), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               env=dict(os.environ, OMP_NUM_THREADS='1', SLOW_SAVE='35'),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rank_1 = wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
     os.kill(rank_1, signal.SIGTERM)
     os.kill(rank_1, signal.SIGCONT)
-    stderr = process.communicate(timeout=120)[1]
+    stderr = process.communicate(timeout=180)[1]
     step = torch.load(workdir / 'out_ddp_term' / 'ckpt.pt', weights_only=True)['iter_num']
     assert step == 5 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
     assert f'train.py: stopped by SIGTERM at step {step}; saved out_ddp_term/ckpt.pt' in stderr
+    assert not list((workdir / 'out_ddp_term').glob('*.tmp'))
     assert max(log(workdir, 'out_ddp_term', 'train_loss')) == step
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
     assert records(workdir, 'out_ddp_term') == records(workdir, 'out_ddp_straight')
     assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
+
+
+STEP_CLOCK = """import os, runpy, sys, time
+import tqdm  # keeps the real clock
+from torch.optim.optimizer import register_optimizer_step_post_hook
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+updates = reads = 0
+def count_update(optimizer, args, kwargs):
+    global updates
+    updates += 1
+def step_clock():
+    global reads
+    reads += 1
+    return updates + 1e-9 * reads  # one second a step, and never the same time twice
+register_optimizer_step_post_hook(count_update)
+time.time = step_clock
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_mfu_is_per_gpu(workdir):
+    """MFU is one GPU's: 2 ranks that each train on as many tokens a second as one process report that
+    process's MFU, and twice its tokens/s (the job's). Every step takes one second of a clock that the
+    optimizer's steps advance, on any machine."""
+    clock = workdir / 'step_clock.py'
+    clock.write_text(STEP_CLOCK)
+    common = [*TINY, '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3', '--peak_tflops=1']
+    run([clock, REPO / 'train.py', *common, '--out_dir=out_mfu_one'], workdir)
+    torchrun(workdir, *common, '--batch_size=16', '--out_dir=out_mfu_two', script=(clock, REPO / 'train.py'))
+    one, two = (log(workdir, out, 'mfu') for out in ('out_mfu_one', 'out_mfu_two'))
+    assert list(one) == list(two) == [1, 2, 3] and all(one[s] > 0 for s in one)
+    assert all(two[s] == pytest.approx(one[s], rel=1e-6) for s in one), (one, two)
+    one, two = (log(workdir, out, 'tokens_per_sec') for out in ('out_mfu_one', 'out_mfu_two'))
+    assert all(one[s] == pytest.approx(8 * 32, rel=1e-6) and two[s] == pytest.approx(2 * one[s]) for s in one)
+
+
+def test_compiled_ddp_matches_one_compiled_process(workdir):
+    """--compile=True: torchrun with 2 ranks (the DDP-wrapped model compiled, DDPOptimizer cutting its graph at
+    the gradient buckets) logs the losses of one compiled process, and that process compiles evaluation for no
+    batch size of its own (torch's log of recompilations names no size)."""
+    common = [*TINY, '--compile=True', '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3',
+              '--micro_batch_size=4']
+    single = run([REPO / 'train.py', *common, '--out_dir=out_compiled_one'], workdir,
+                 env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_LOGS='recompiles'))
+    assert 'Recompiling' in single.stderr and 'size mismatch' not in single.stderr, single.stderr[-3000:]
+    result = torchrun(workdir, *common, '--out_dir=out_compiled_two')
+    assert 'weights across 2 ranks differ by at most 0' in result.stdout
+    one, two = (log(workdir, out, 'train_loss') for out in ('out_compiled_one', 'out_compiled_two'))
+    assert list(one) == list(two) == [1, 2, 3]
+    assert all(abs(one[s] - two[s]) < 1e-5 for s in one), (one, two)
+
+
+def test_ddp_buckets_hold_about_one_block():
+    """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few dozen
+    pieces rather than hundreds, and gradients are views into them (no second copy)."""
+    gradient_buckets = train_function('gradient_buckets')
+    for name in ('resformer_82m.py', 'resformer_1b6.py'):
+        settings = configure(train_defaults(), [str(REPO / 'config' / name)], verbose=False)
+        with torch.device('meta'):
+            model = GPT(GPTConfig(**{f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}))
+        options = gradient_buckets(model)
+        buckets = 4 * model.num_params() / 2 ** 20 / options['bucket_cap_mb']
+        assert options['gradient_as_bucket_view'] and settings['n_layer'] / 2 < buckets < 2 * settings['n_layer']
 
 
 def test_ddp_gets_the_buffer_keyword_its_torch_has():

@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
-from prepare import load_meta, open_split, prepare_command
+from prepare import load_meta, open_split, open_val_domains, prepare_command
 
 # -----------------------------------------------------------------------------
 # defaults: a small Identity ResFormer on char-level Shakespeare that trains on a laptop CPU in minutes
@@ -42,7 +43,9 @@ from prepare import load_meta, open_split, prepare_command
 out_dir = 'out'
 eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt when val improves), every this many steps
 log_interval = 10
-eval_iters = 10  # fixed validation batches (the same windows every time, so curves compare across runs)
+eval_iters = 10  # validation batches of batch_size windows, the same every time (curves compare across runs);
+# a validation split kept by domain (SlimPajama's) shares as many windows equally among its domains, each
+# share rounded up to whole batches: about the same cost
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 overwrite = False  # let a fresh run replace the ckpt.pt, best.pt and log.jsonl of a run already in out_dir
@@ -93,16 +96,31 @@ min_lr = 2e-4
 device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 compile = None  # torch.compile: None = on for CUDA, off elsewhere (where it does not pay for itself)
-peak_tflops = 0.0  # accelerator peak for MFU at this dtype; 0 = find the GPU in PEAK_TFLOPS (no MFU on CPU)
+peak_tflops = 0.0  # one accelerator's peak for MFU at this dtype; 0 = the GPU's, PEAK_TFLOPS (no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 # -----------------------------------------------------------------------------
 
-# dense bf16 TFLOP/s by GPU name, for MFU; say which one is used so the figure can be checked
-PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0,
-               '4090': 165.0, 'V100': 125.0}
+# One GPU's dense bf16 tensor-core peak in TFLOP/s, for MFU, by the exact name torch.cuda.get_device_name
+# gives: the vendor's datasheet figure, which NVIDIA states with 2:4 sparsity, halved. The exact name matters:
+# an H100 PCIe or NVL has 76% or 84% of an SXM's peak, yet all three names contain 'H100'. Not listed: no
+# MFU unless --peak_tflops gives it. (Should an H200 NVL ever call itself plain 'NVIDIA H200', pass 835.5.)
+PEAK_TFLOPS = {
+    'NVIDIA H100 80GB HBM3': 1979 / 2,  # H100 SXM5 (H100 datasheet)
+    'NVIDIA H100 PCIe': 1513 / 2,
+    'NVIDIA H100 NVL': 1671 / 2,
+    'NVIDIA H200': 1979 / 2,  # H200 SXM (H200 datasheet)
+    'NVIDIA H200 NVL': 1671 / 2,
+    'NVIDIA GH200 480GB': 1979 / 2,  # GH200 datasheet
+    'NVIDIA A100-SXM4-40GB': 624 / 2, 'NVIDIA A100-SXM4-80GB': 624 / 2,  # A100 datasheet, every form factor
+    'NVIDIA A100-PCIE-40GB': 624 / 2, 'NVIDIA A100 80GB PCIe': 624 / 2,
+    'NVIDIA B200': 4500 / 2,  # HGX B200 datasheet, per GPU
+    'NVIDIA L4': 242 / 2,  # L4 datasheet
+    'NVIDIA A10': 250 / 2,  # A10 datasheet
+    'NVIDIA GeForce RTX 4090': 330.4 / 2,  # Ada architecture whitepaper, bf16 with fp32 accumulation
+}
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
 # The settings a resumed run may change: where it writes and what it reports, the device it runs on and the
 # memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every
@@ -140,28 +158,49 @@ def global_batch_places(step):
 
 
 def windows(shards, places):
-    """Windows of block_size + 1 tokens at places, as (inputs, next-token targets) on the device."""
+    """Windows of block_size + 1 tokens at places, as (inputs, next-token targets) on the device. One
+    contiguous block is pinned and copied, then sliced there: a slice's strides would send the copy through
+    pageable memory."""
     rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
     if rows.max() >= data_meta['vocab_size']:  # open_split scans only the (small) validation split
         raise SystemExit(f"train.py: {data_dir} holds token id {rows.max()}, outside the vocabulary of "
                          f"{data_meta['vocab_size']}; run `{prepare_command(data_dir)}` again; "
                          f"stopped, {kept()}")
-    x, y = rows[:, :-1], rows[:, 1:]
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    rows = rows.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else rows.to(device)
+    return rows[:, :-1], rows[:, 1:]
 
 
-def validation_batches(shards):
-    """eval_iters batches of windows evenly spaced over the validation split: the same ones in every run."""
+def validation_windows(shards, count, what):
+    """count windows evenly spaced over the shards of a validation split: the same ones in every run."""
     places = [(s, i) for s, shard in enumerate(shards)
               for i in range(0, len(shard) - block_size - 1, block_size)]
-    count = eval_iters * batch_size
     if len(places) < count:
-        raise SystemExit(f"train.py: the validation split has {len(places)} windows of {block_size} tokens, "
-                         f"fewer than eval_iters*batch_size={count}; lower eval_iters or batch_size")
-    chosen = [places[round(k * (len(places) - 1) / max(count - 1, 1))] for k in range(count)]
-    return [chosen[b * batch_size:(b + 1) * batch_size] for b in range(eval_iters)]
+        raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than the "
+                         f"{count} evaluation takes; lower eval_iters or batch_size")
+    return [places[round(k * (len(places) - 1) / max(count - 1, 1))] for k in range(count)]
+
+
+def validation_sets(domains):
+    """{name: (shards, windows)} that evaluation scores: each of the domains (SlimPajama's, scored one by one
+    as the paper does), sharing eval_iters x batch_size windows equally in whole batches (so that training's
+    micro-batches divide them, and micro_batch_size, which a resumed run may change, changes no window); or,
+    domains being None, the one validation split."""
+    if domains is None:
+        shards = open_split(data_dir, 'val')
+        return {'val': (shards, validation_windows(shards, eval_iters * batch_size, 'the validation split'))}
+    count = -(-eval_iters // len(domains)) * batch_size
+    return {domain: (shards, validation_windows(shards, count, f"the validation split of domain {domain}"))
+            for domain, shards in domains.items()}
+
+
+def evaluation_pieces():
+    """This rank's share of the validation windows as (set, windows) pieces the size of its training
+    micro-batch, so that a compiled model meets no batch size of evaluation's own, and memory stays what
+    training takes."""
+    size = rank_micro_batches[0][1] - rank_micro_batches[0][0]
+    pieces = [(name, places[i:i + size]) for name, (_, places) in val_sets.items()
+              for i in range(0, len(places), size)]
+    return pieces[ddp_rank::ddp_world_size]
 
 
 def get_lr(it):
@@ -177,21 +216,24 @@ def get_lr(it):
 
 @torch.no_grad()
 def evaluate():
-    """Mean loss over the fixed validation batches, shared out across ranks; a bar shows
-    when it takes a while."""
+    """The mean loss over each validation set's fixed windows, the ranks sharing them out: (val_loss,
+    {domain: loss}), val_loss being the unweighted mean over the domains (the paper's), or (val_loss, None)
+    for one split. A bar shows when it takes a while."""
     fast_model.eval()
-    total = torch.zeros(2, device=device)
-    batches = tqdm(val_batches[ddp_rank::ddp_world_size], desc='evaluating', leave=False, delay=5,
-                   disable=not master_process, dynamic_ncols=True)
-    for places in batches:
-        x, y = windows(val_shards, places)
+    names = list(val_sets)
+    sums = torch.zeros(len(names), device=device)  # of the windows' mean losses, per set
+    pieces = tqdm(rank_val_pieces, desc='evaluating', leave=False, delay=5, disable=not master_process,
+                  dynamic_ncols=True)
+    for name, places in pieces:
+        x, y = windows(val_sets[name][0], places)
         with autocast:
-            _, loss = fast_model(x, y)
-        total += torch.stack([loss.float(), torch.ones((), device=device)])
+            loss = fast_model(x, y)[1]
+        sums[names.index(name)] += loss.float() * len(places)
     if ddp:
-        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(sums)
     fast_model.train()
-    return (total[0] / total[1]).item()
+    losses = {name: total / len(val_sets[name][1]) for name, total in zip(names, sums.tolist())}
+    return sum(losses.values()) / len(losses), (None if val_domains is None else losses)
 
 
 def stop_if_not_finite(last_step):
@@ -215,20 +257,46 @@ def kept():
             else "no checkpoint written")
 
 
-def save_checkpoint(name):
-    """Write out_dir/name atomically: a crash mid-write leaves the previous file intact."""
+def save_checkpoint(best):
+    """Write ckpt.pt, and best.pt too when best, from one serialization: each atomically (a crash mid-write
+    leaves the previous file intact), best.pt first (a kill between the two repeats that evaluation on
+    resume), and best.pt as a second name of the same file where the filesystem has hard links, else a
+    copy."""
     global saved_step
     checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
                   'scaler': scaler.state_dict(), 'model_args': asdict(raw_model.config), 'iter_num': iter_num,
-                  'best_val_loss': best_val_loss, 'config': config, 'data_meta': data_meta}
-    path = os.path.join(out_dir, name)
+                  'best_val_loss': best_val_loss, 'last_eval': last_eval, 'config': config,
+                  'data_meta': data_meta}
     try:
-        torch.save(checkpoint, path + '.tmp')
-        os.replace(path + '.tmp', path)
+        written = ckpt_path + '.tmp'
+        if os.path.lexists(written):  # a killed save's, perhaps linked to best.pt: never write through it
+            os.remove(written)
+        torch.save(checkpoint, written)
+        if best:
+            link_or_copy(written, best_path + '.tmp')
+            os.replace(best_path + '.tmp', best_path)
+        os.replace(written, ckpt_path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        cannot_write(path, e)
-    if name == 'ckpt.pt':
-        saved_step = iter_num
+        cannot_write(ckpt_path, e)
+    saved_step = iter_num
+
+
+def link_or_copy(source, target):
+    if os.path.lexists(target):
+        os.remove(target)
+    try:
+        os.link(source, target)
+    except OSError:  # no hard links here (some network and FUSE filesystems)
+        shutil.copyfile(source, target)
+
+
+def wait_for_rank_0():
+    """Under torchrun, hold every rank until rank 0 has written its checkpoint, then let them go together: no
+    rank exits while rank 0 still writes (torchrun kills the others 30 s after one exits), and none waits in
+    an NCCL collective meanwhile (its watchdog ends a wait of 10 minutes). A 1.6B checkpoint is about 20 GB.
+    The wait is on the gloo group, on the CPU; gloo's timeout, 30 minutes, bounds it."""
+    if ddp:
+        barrier(group=cpu_group)
 
 
 def cannot_write(path, error):
@@ -250,6 +318,18 @@ def lock_out_dir():
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def remove_half_written_files():
+    """Remove the .tmp files of writes a kill cut short (only ours: never a user's notes.tmp), saying so for a
+    checkpoint's: a save killed mid-way, perhaps a stop-save that outlasted the scheduler's grace time."""
+    for name in RUN_FILES:
+        path = os.path.join(out_dir, name + '.tmp')
+        if os.path.isfile(path):
+            if name.endswith('.pt'):
+                print(f"train.py: removed {path}, a checkpoint write cut short by a kill (docs/training.md, "
+                      f"'Preemption', says how to give a stopped job time to save)", file=sys.stderr)
+            os.remove(path)
 
 
 def log_metrics(record):
@@ -292,7 +372,7 @@ def step_boundary():
     global stop_signal
     if ddp:
         flag = torch.tensor(stop_signal)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=stop_group)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=cpu_group)
         # (never reset stop_signal to 0 here: a signal may have arrived during the all-reduce)
         if flag.item():
             stop_signal = flag.item()
@@ -305,6 +385,48 @@ def buffer_sync_off(ddp_parameters):
     torch's only one."""
     return {'forward_sync_buffers' if 'forward_sync_buffers' in ddp_parameters
             else 'broadcast_buffers': False}
+
+
+def gradient_buckets(model):
+    """DDP's gradient buckets: each about one block's fp32 gradients (DDP's default 25 MB at the least), and
+    the gradients kept as views into them. Compiled, DDPOptimizer cuts the graph at every bucket: at 1.6B,
+    25 MB buckets would make ~270 pieces, one block's make ~26, and each block's all-reduce still overlaps the
+    backward of the block below. As views, the gradients need no second copy (6.7 GB at 1.6B)."""
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    return {'bucket_cap_mb': max(25, 4 * block / 2 ** 20), 'gradient_as_bucket_view': True}
+
+
+def save_at_stop():
+    """After a stop signal: rank 0 saves ckpt.pt at this step, every rank waits for it, and all exit together
+    with the shell's code for death by that signal (130 for Ctrl-C). The weights are those of step iter_num
+    (updates are uninterruptible), and every rank's are the same."""
+    if master_process and not eval_only:
+        if not_finite.item():
+            outcome = f"the loss had become NaN or inf, so nothing saved; {kept()}"
+        else:
+            save_checkpoint(best=False)
+            outcome = f"saved {ckpt_path}; continue with --init_from=resume and the same settings"
+        how = ('interrupted' if stop_signal == signal.SIGINT
+               else 'stopped by ' + signal.Signals(stop_signal).name)
+        print(f"train.py: {how} at step {iter_num}; {outcome}", file=sys.stderr)
+    wait_for_rank_0()
+    raise SystemExit(128 + stop_signal) from None
+
+
+def end_rank(error):
+    """Re-raise error, under torchrun as a one-line stop_rank: a SystemExit's message, or, for gloo's error in
+    a collective whose peer has exited, a line saying so (that peer says why). Other errors keep their
+    traceback."""
+    if ddp and isinstance(error, SystemExit) and isinstance(error.code, str):
+        stop_rank(error.code)
+    if ddp and isinstance(error, RuntimeError) and ' by peer' in str(error):
+        stop_rank(f"train.py: rank {ddp_rank} stopped because another rank failed", after_a_peer=True)
+    raise error
+
+
+def by_domain(losses):
+    """' (domain loss, ...)' to follow a printed val loss, or nothing for one validation split."""
+    return '' if losses is None else f" ({', '.join(f'{name} {loss:.4f}' for name, loss in losses.items())})"
 
 
 def stop_rank(message, after_a_peer=False):
@@ -343,27 +465,45 @@ def estimate_time():
 
     @torch.no_grad()
     def eval_batch():
+        name, places = rank_val_pieces[0]
         with autocast:
-            fast_model(*windows(val_shards, val_batches[0]))
+            fast_model(*windows(val_sets[name][0], places))
 
     began = time.time()
     step = seconds_of(micro_batch) * len(rank_micro_batches)
     optimizer.zero_grad(set_to_none=True)
     fast_model.eval()
-    evaluation = seconds_of(eval_batch) * len(val_batches[ddp_rank::ddp_world_size])
+    evaluation = seconds_of(eval_batch) * len(rank_val_pieces) if rank_val_pieces else 0.0
     fast_model.train()
     compiling = f"; compiling took {duration(time.time() - began - step - evaluation)}" if compiled else ""
     first_eval = -(-iter_num // eval_interval) * eval_interval
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
     steps = max_iters - iter_num
-    progress.write(f"about {duration(step)} a step ({tokens_per_iter / step:,.0f} tokens/s): "
-                   f"{duration(step * steps)} for the {steps} steps to go, "
-                   f"plus {duration(evaluation * evaluations)} for {evaluations} evaluations{compiling}")
+    if master_process:  # every rank times its share, rank 0 says it
+        progress.write(f"about {duration(step)} a step ({tokens_per_iter / step:,.0f} tokens/s): "
+                       f"{duration(step * steps)} for the {steps} steps to go, "
+                       f"plus {duration(evaluation * evaluations)} for {evaluations} evaluations{compiling}")
+
+
+def as_lists(value):
+    """value with every tuple in it a list: a λ table or lr_scales is the same setting whether a config file
+    wrote it with tuples or the command line with lists."""
+    return [as_lists(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def duration(seconds):
     return (f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90
             else f"{seconds:.3g} s")
+
+
+def needs_gpu(model_config):
+    """Why this run must not fall back to the CPU when device='auto' finds no GPU (a CUDA wheel the driver is
+    too old for looks just like that), or None: training it would take over a day at 1 TFLOP/s, a fast CPU's
+    pace. Every CPU config here takes 1e13-1e14 FLOPs, every GPU one 1e18 or more."""
+    with torch.device('meta'):
+        flops = GPT(model_config).flops_per_token(block_size) * tokens_per_iter * max_iters
+    days = flops / 1e12 / 86400
+    return f"training this run takes {flops:.1e} FLOPs, {days:,.0f} days at 1 TFLOP/s" if days > 1 else None
 
 
 # -----------------------------------------------------------------------------
@@ -414,23 +554,34 @@ if wandb_log:
         raise SystemExit("train.py: wandb_log=True needs wandb; pip install wandb, "
                          "or drop --wandb_log") from None
 
+data_dir = os.path.join('data', dataset)
+config['data_dir'] = data_dir
+data_meta = load_meta(data_dir)
+model_args = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
+# padded to a multiple of 64 for faster matmuls
+model_args['vocab_size'] = -(-data_meta['vocab_size'] // 64) * 64
+try:
+    model_config = GPTConfig(**model_args)
+except (TypeError, ValueError) as e:
+    raise SystemExit(f"train.py: bad model settings: {e}")
+global_batch = gradient_accumulation_steps * batch_size
+tokens_per_iter = global_batch * block_size
+
 # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; the process group starts once everything else
 # has been checked
 ddp = 'RANK' in os.environ
 ddp_rank, ddp_local_rank, ddp_world_size = (
     (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1))
 master_process = ddp_rank == 0
-device = pick_device(device)
+device = pick_device(device, None if eval_only else needs_gpu(model_config))
 if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 ptdtype = pick_dtype(dtype, device_type)
-global_batch = gradient_accumulation_steps * batch_size
 rank_micro_batches = micro_batches(global_batch, ddp_world_size, ddp_rank, micro_batch_size or batch_size)
 rank_share = rank_micro_batches[-1][1] - rank_micro_batches[0][0]
-tokens_per_iter = global_batch * block_size
 
-ckpt_path, log_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'log.jsonl')
+ckpt_path, best_path, log_path = (os.path.join(out_dir, name) for name in RUN_FILES)
 if not eval_only:  # the only run that writes nothing
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise SystemExit(f"train.py: out_dir={out_dir} is a file, not a folder; pick another --out_dir")
@@ -448,26 +599,18 @@ if not eval_only:  # the only run that writes nothing
         raise SystemExit(f"train.py: cannot write to {writable} ({e.strerror}); "
                          f"pick another --out_dir") from None
 
-data_dir = os.path.join('data', dataset)
-config['data_dir'] = data_dir
-data_meta = load_meta(data_dir)
-train_shards, val_shards = open_split(data_dir, 'train'), open_split(data_dir, 'val')
+train_shards = open_split(data_dir, 'train')
 if any(len(shard) <= block_size + 1 for shard in train_shards):
     raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than block_size={block_size}; "
                      f"lower block_size")
 train_room = torch.tensor([len(shard) - block_size - 1 for shard in train_shards],
                           dtype=torch.float64)  # window starts
-val_batches = validation_batches(val_shards)
+val_domains = open_val_domains(data_dir)  # None: one validation split
+val_sets = validation_sets(val_domains)
+rank_val_pieces = evaluation_pieces()
 
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
-model_args = {f.name: globals()[f.name] for f in fields(GPTConfig) if f.name in globals()}
-# padded to a multiple of 64 for faster matmuls
-model_args['vocab_size'] = -(-data_meta['vocab_size'] // 64) * 64
-try:
-    model_config = GPTConfig(**model_args)
-except (TypeError, ValueError) as e:
-    raise SystemExit(f"train.py: bad model settings: {e}")
-iter_num, best_val_loss, saved_step, checkpoint = 0, float('inf'), None, None
+iter_num, best_val_loss, saved_step, checkpoint, last_eval = 0, float('inf'), None, None, None
 if init_from == 'resume':
     raw_model, checkpoint = load_checkpoint(ckpt_path)
     missing = [key for key in ('optimizer', 'scaler', 'iter_num', 'best_val_loss', 'config')
@@ -488,13 +631,13 @@ if init_from == 'resume':
         raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} "
                          f"({', '.join(changed)}); resume with the settings it was trained with")
     # a setting added to train.py since the checkpoint was written counts as unchanged
-    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config
-               if key not in MAY_CHANGE_ON_RESUME and saved_config.get(key, config[key]) != config[key]]
+    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config if key not in
+               MAY_CHANGE_ON_RESUME and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
     if changed and not eval_only:
         raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; "
                          f"resume with the settings it was trained with, or start over with --overwrite=True")
     iter_num = saved_step = checkpoint['iter_num']
-    best_val_loss = checkpoint['best_val_loss']
+    best_val_loss, last_eval = checkpoint['best_val_loss'], checkpoint.get('last_eval')
 try:
     if checkpoint is None:
         torch.manual_seed(seed)
@@ -536,9 +679,7 @@ if master_process and not eval_only:
     try:
         os.makedirs(out_dir, exist_ok=True)
         out_dir_lock = lock_out_dir()
-        for name in RUN_FILES:  # half-written files of a killed run (only ours: never a user's notes.tmp)
-            if os.path.isfile(os.path.join(out_dir, name + '.tmp')):
-                os.remove(os.path.join(out_dir, name + '.tmp'))
+        remove_half_written_files()
         if overwrite:
             for name in RUN_FILES:
                 if os.path.exists(os.path.join(out_dir, name)):
@@ -551,7 +692,8 @@ if master_process and not eval_only:
         raise SystemExit(f"train.py: cannot write to {out_dir} ({e}); pick another --out_dir") from None
 if ddp:
     init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    stop_group = torch.distributed.new_group(backend='gloo') if device_type == 'cuda' else None  # stop flag
+    # for the stop flag and the waits for rank 0's saves: on a CPU the default group, else a gloo one by NCCL
+    cpu_group = torch.distributed.new_group(backend='gloo') if device_type == 'cuda' else None
     if device_type == 'cuda':
         torch.cuda.set_device(device)
 if device_type == 'cuda':
@@ -565,7 +707,7 @@ model = fast_model  # what the training step calls
 # compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
 if ddp:
     ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
-                    **buffer_sync_off(inspect.signature(DDP).parameters))
+                    **buffer_sync_off(inspect.signature(DDP).parameters), **gradient_buckets(raw_model))
     model = torch.compile(ddp_model) if compiled else ddp_model
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = "
@@ -574,8 +716,12 @@ if master_process:
           f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
     print(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
           f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
-peak = peak_tflops or next((tflops for name, tflops in PEAK_TFLOPS.items()
-                            if device_type == 'cuda' and name in torch.cuda.get_device_name()), 0.0)
+gpu_name = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
+peak = peak_tflops or PEAK_TFLOPS.get(gpu_name, 0.0)
+if master_process and gpu_name:
+    print(f"MFU per GPU, of {peak:g} TFLOP/s ({'peak_tflops' if peak_tflops else 'PEAK_TFLOPS'}: {gpu_name})"
+          if peak else f"no MFU: {gpu_name} is not in PEAK_TFLOPS; give one GPU's dense bf16 TFLOP/s with "
+                       f"--peak_tflops")
 if wandb_log and master_process:
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
@@ -601,12 +747,12 @@ try:
     while True:
         step_boundary()
         if eval_only:
-            val_loss = evaluate()
+            val_loss, domain_losses = evaluate()
             if master_process:
-                progress.write(f"step {iter_num}: val loss {val_loss:.4f}")
+                progress.write(f"step {iter_num}: val loss {val_loss:.4f}{by_domain(domain_losses)}")
             break
         if iter_num % eval_interval == 0 or iter_num == max_iters:
-            val_loss = evaluate()
+            val_loss, domain_losses = evaluate()
             stop_if_not_finite(iter_num - 1)
             if not math.isfinite(val_loss):
                 raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; "
@@ -614,13 +760,16 @@ try:
             with uninterruptible():
                 best = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
-                log_metrics({'step': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss})
-                if master_process:  # best.pt first: a kill before ckpt.pt repeats this evaluation on resume
-                    if best:
-                        save_checkpoint('best.pt')
-                    save_checkpoint('ckpt.pt')
+                last_eval = {'step': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss}
+                if domain_losses:
+                    last_eval['val_loss_domains'] = domain_losses
+                log_metrics(last_eval)
+                if master_process:
+                    save_checkpoint(best)
+                wait_for_rank_0()
             if master_process:
-                progress.write(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f})")
+                progress.write(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f})"
+                               f"{by_domain(domain_losses)}")
             t_log, steps_timed = time.time(), 0  # throughput counts training steps only
         if iter_num >= max_iters:
             break
@@ -637,7 +786,8 @@ try:
                 # once a step
                 ddp_model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1
             with autocast:
-                _, loss = model(x, y)
+                # the loss alone: logits kept until the next forward would hold B x T x vocab (6.6 GB at 82M)
+                loss = model(x, y)[1]
                 # the mean over this rank's share; DDP averages the shares
                 loss = loss * ((stop - start) / rank_share)
             train_loss += loss.detach()
@@ -674,16 +824,19 @@ try:
                 tokens_per_sec = tokens_per_iter * steps_timed / (time.time() - t_log)
                 t_log, steps_timed = time.time(), 0
                 record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
-                          'lr': lr, 'tokens_per_sec': tokens_per_sec}
-                if peak:
-                    record['mfu'] = raw_model.estimate_mfu(tokens_per_sec, block_size, peak * 1e12)
+                          'lr': lr, 'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
+                if peak:  # of one GPU: what each rank trains on, against its peak
+                    record['mfu'] = raw_model.estimate_mfu(tokens_per_sec / ddp_world_size, block_size,
+                                                           peak * 1e12)
+                if device_type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
+                    record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
                 if raw_model.config.lambda_mode != 'fixed':
                     record['lambdas'] = raw_model.lambdas.tolist()
                 if log_grad_norms:
                     record['grad_norms'] = grad_norms
                 log_metrics(record)
                 if master_process:
-                    mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s" if peak else ""
+                    mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s per GPU" if peak else ""
                     progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
                     progress.write(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, "
                                    f"{tokens_per_sec:,.0f} tok/s{mfu}")
@@ -695,28 +848,15 @@ try:
         if master_process:
             progress.write(f"weights across {ddp_world_size} ranks differ by at most "
                            f"{(highest - lowest).max().item():.3g}")
-except SystemExit as stop:
-    if ddp and isinstance(stop.code, str):
-        stop_rank(stop.code)
-    raise
-except RuntimeError as e:  # gloo's error in a collective whose peer has exited: that peer says why
-    if not (ddp and ' by peer' in str(e)):
-        raise
-    stop_rank(f"train.py: rank {ddp_rank} stopped because another rank failed", after_a_peer=True)
+except (SystemExit, RuntimeError) as error:
+    end_rank(error)
 except KeyboardInterrupt:
     holding = True  # a second Ctrl-C (or torchrun's SIGTERM to the ranks left) waits for the checkpoint
     progress.close()
-    # the weights are those of step iter_num (updates are uninterruptible), and every rank's are the same
-    if master_process and not eval_only:
-        if not_finite.item():
-            outcome = f"the loss had become NaN or inf, so nothing saved; {kept()}"
-        else:
-            save_checkpoint('ckpt.pt')
-            outcome = f"saved {ckpt_path}; continue with --init_from=resume and the same settings"
-        how = ('interrupted' if stop_signal == signal.SIGINT
-               else 'stopped by ' + signal.Signals(stop_signal).name)
-        print(f"train.py: {how} at step {iter_num}; {outcome}", file=sys.stderr)
-    raise SystemExit(128 + stop_signal) from None  # the shell's code for death by that signal: 130 for Ctrl-C
+    try:
+        save_at_stop()
+    except (SystemExit, RuntimeError) as error:
+        end_rank(error)
 finally:
     progress.close()
     for sig, handler in previous_handlers.items():

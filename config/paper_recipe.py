@@ -25,8 +25,8 @@
 # Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward
 # (bf16 autocast, eager) were counted with torch.autograd.graph.saved_tensors_hooks on a CPU at micro-batch 1, 256 and
 # 512 tokens, 2 and 3 layers of each shape, and scaled linearly to its layers and micro-batch x 2048 tokens; to them
-# come 20 bytes per parameter (fp32 weights and gradients, AdamW's two moments, DDP's gradient buckets) and the fp32
-# gradient of the logits, then up to a third more for what that count misses (it gives 45 GB for the 82M model at
+# come 16 bytes per parameter (fp32 weights, fp32 gradients, which DDP's buckets hold as views, AdamW's two moments)
+# and the fp32 gradient of the logits, then up to a third more for what that count misses (it gives 45 GB for the 82M model at
 # 32 x 2048, where the eager peak was found at 55-60 GB). torch.compile, on by default on CUDA, needs less (82M: 25-40 GB).
 dataset = 'slimpajama_gpt2'
 block_size = 2048

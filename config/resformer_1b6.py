@@ -9,8 +9,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_vanilla_1b6_200B
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_resformer_1b6_200B
-# Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 62-71 GB, most of it the 1.67B parameters' 33 GB
-# of weights, gradients and AdamW state (8 would need 90-108 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
+# Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 55-64 GB, most of it the 1.67B parameters' 27 GB
+# of weights, gradients and AdamW state (8 would need 83-101 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/scale_resformer_1b6'

@@ -11,7 +11,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_468m.py --variant=vanilla --out_dir=out/sec4.2_vanilla_468m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_468m.py --variant=resformer_identity --out_dir=out/sec4.2_resformer_468m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_468m.py --variant=svformer --out_dir=out/sec4.7_svformer_468m
-# Memory: micro_batch_size = 8 sequences of 2048 tokens per GPU, about 41-51 GB (16 would need 73-92 GB; paper_recipe.py
+# Memory: micro_batch_size = 8 sequences of 2048 tokens per GPU, about 39-49 GB (16 would need 71-90 GB; paper_recipe.py
 # says how estimated).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
