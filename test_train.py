@@ -2,7 +2,6 @@
 import ast
 import builtins
 import contextlib
-import fcntl
 import gc
 import importlib.util
 import inspect
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+import support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig, load_checkpoint
 
@@ -332,7 +332,7 @@ def test_resume_after_sigkill(workdir, straight):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert max(log(workdir, 'out_killed', 'train_loss')) == 5  # killed in step 6's update, before its record
-    assert (workdir / 'out_killed' / '.lock').read_text() == f'{process.pid}\n'  # left, yet no obstacle
+    assert (workdir / 'out_killed' / '.lock.pid').read_text() == f'{process.pid}\n'  # left, yet no obstacle
     train(workdir, '--out_dir=out_killed', '--init_from=resume', *LONG)
     assert records(workdir, 'out_killed') == straight
     assert not list((workdir / 'out_killed').glob('*.tmp'))
@@ -463,17 +463,15 @@ def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
     nothing on disk changed, whether it would resume or start over; once the lock is let go, it goes ahead."""
     common = ['--out_dir=out_locked', '--eval_interval=2']
     train(workdir, *common, '--max_iters=2')
-    with open(workdir / 'out_locked' / '.lock', 'a+') as lock:  # as a run in another process holds it
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails, not waits, if the last run still held it
-        lock.truncate(0)
-        lock.write(f'{os.getpid()}\n')
-        lock.flush()
-        before = snapshot(workdir / 'out_locked')
-        for args in (['--init_from=resume', '--max_iters=4'], ['--overwrite=True', '--max_iters=2']):
-            refused = train(workdir, *common, *args, check=False)
-            one_line_error(refused, f'train.py: another run (process {os.getpid()}) is writing to out_locked; '
-                                    f'wait for it to end, or pick another --out_dir')
-            assert snapshot(workdir / 'out_locked') == before
+    held, _ = support.try_lock(str(workdir / 'out_locked' / '.lock'), 'test')  # as a run in another process holds it
+    assert held  # the last run let go
+    before = snapshot(workdir / 'out_locked')
+    for args in (['--init_from=resume', '--max_iters=4'], ['--overwrite=True', '--max_iters=2']):
+        refused = train(workdir, *common, *args, check=False)
+        one_line_error(refused, f'train.py: another run (process {os.getpid()}) is writing to out_locked; '
+                                f'wait for it to end, or pick another --out_dir')
+        assert snapshot(workdir / 'out_locked') == before
+    held.release()
     train(workdir, *common, '--init_from=resume', '--max_iters=4')
     assert [r['step'] for r in records(workdir, 'out_locked') if 'val_loss' in r] == [0, 2, 4]
 
@@ -855,3 +853,37 @@ def test_config_files_load_and_build_their_model(path):
     if path.name in PAPER_SIZES:
         assert abs(model.num_params() / PAPER_SIZES[path.name] - 1) < 0.03, model.num_params()
         assert settings['batch_size'] * settings['gradient_accumulation_steps'] == 1024  # the paper's global batch
+
+
+# the other process in the next test: holds a lock through support.py, says so, and waits for a line on stdin
+HOLDER = """import sys
+sys.path.insert(0, sys.argv[2])
+import support
+held, _ = support.try_lock(sys.argv[1], "holder")
+print("held" if held else "refused", flush=True)
+sys.stdin.readline()
+held.release()
+"""
+
+
+def test_without_fcntl_as_on_windows(tmp_path):
+    """Windows has no fcntl: prepare.py and train.py run without it, and train.py's out_dir lock (msvcrt there;
+    here the marker file filelock uses without fcntl) refuses a second writer, naming it. Simulated on Linux."""
+    (tmp_path / 'no_fcntl').mkdir()
+    (tmp_path / 'no_fcntl' / 'sitecustomize.py').write_text("import sys\nsys.modules['fcntl'] = None\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / 'no_fcntl'))
+    assert run(['-c', 'import fcntl'], tmp_path, check=False, env=env).returncode == 1  # the simulation holds
+    (tmp_path / 'tiny.txt').write_text('\n'.join(f'line {i}: value residual first layer.' for i in range(2000)))
+    run([REPO / 'prepare.py', '--input=tiny.txt', '--out_dir=data/tiny_char'], tmp_path, env=env)
+    (tmp_path / 'out').mkdir()
+    holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(tmp_path / 'out' / '.lock'), str(REPO)], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        refused = run([REPO / 'train.py', *TINY, '--max_iters=2', '--device=cpu', '--out_dir=out'], tmp_path,
+                      check=False, env=env)
+        one_line_error(refused, f'train.py: another run (process {holder.pid}) is writing to out; wait for it to end')
+    finally:
+        holder.communicate('\n')  # it lets go
+    run([REPO / 'train.py', *TINY, '--max_iters=2', '--device=cpu', '--out_dir=out'], tmp_path, env=env)
+    assert [r['step'] for r in records(tmp_path, 'out') if 'val_loss' in r] == [0, 2]

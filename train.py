@@ -14,7 +14,6 @@ time writes to it.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
-import fcntl
 import inspect
 import json
 import math
@@ -33,6 +32,7 @@ from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+import support
 from configurator import configure
 from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
 from prepare import load_meta, open_split, open_val_domains, prepare_command
@@ -306,18 +306,10 @@ def cannot_write(path, error):
 
 def lock_out_dir():
     """Hold out_dir/.lock while this process lives, so a second run into out_dir is refused; one that dies,
-    even by SIGKILL, lets go, as the kernel drops a process's flock with its files (Linux, macOS)."""
-    lock = open(os.path.join(out_dir, '.lock'), 'a+')
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        raise SystemExit(f"train.py: another run (process {lock.read().strip()}) is writing to {out_dir}; "
-                         f"wait for it to end, or pick another --out_dir") from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    return lock
+    even by SIGKILL, lets go (support.hold)."""
+    return support.hold(os.path.join(out_dir, '.lock'), 'train.py',
+                        lambda holder: f"another run ({holder}) is writing to {out_dir}; wait for it to end, "
+                                       f"or pick another --out_dir")
 
 
 def remove_half_written_files():
