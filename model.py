@@ -13,8 +13,9 @@ cache no values).
 Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, the paper's path
 (vanilla -> ResFormer -> SVFormer -> KV cache) and nothing else; Block; GPT, whose forward takes V1 at
 layer 1 and hands it to every later layer, and the λ table. Then, off that path: AblationAttention (the
-paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, and value embeddings); the building
-blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config checks; checkpoint loading.
+paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, value embeddings and the bank of
+values); the building blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config
+checks; checkpoint loading.
 Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
@@ -93,6 +94,12 @@ class GPTConfig:
     """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
     adds a token embedding table (vocab x kv_dim) to its values, gated per KV head.
     Not in the paper; for comparison."""
+    value_bank: bool = False
+    """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third (0-based layer >= 2·n_layer
+    // 3) drops W_V and looks its values up in its own token table, V_n = γ_v E_n[token] (vocab x kv_dim;
+    γ_v one learned scalar a layer, starting at 1), so the KV cache keeps token ids instead of those layers'
+    values. BoV trains the tables with AdamW at lr 0.15 beside Muon; here they train with the model's AdamW
+    and are weight-decayed like every embedding, as value embeddings are. Not in the paper; for comparison."""
 
     def __post_init__(self):
         # defaults, the named variant's flags, and a one-line ValueError for any bad setting
@@ -120,6 +127,10 @@ class GPTConfig:
         """nanochat's placement of value embeddings: alternating layers, counted from the last."""
         return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
 
+    def in_value_bank(self, layer):
+        """BoV's placement: the last third of the layers, never layer 1."""
+        return self.value_bank and layer >= (2 * self.n_layer) // 3
+
     def explicit_softmax(self, layer):
         """The attention-matrix residual (Sec. 4.4) mixes A itself, so the source layer and every later one
         compute it explicitly instead of through SDPA's fused kernels."""
@@ -128,10 +139,11 @@ class GPTConfig:
     def on_paper_path(self, layer):
         """Whether this layer's attention is the paper's alone (CausalSelfAttention: vanilla, ResFormer or
         SVFormer) or needs AblationAttention: another residual or value mapping, CLA / share-K/V, NeuTRENO
-        or a value embedding."""
+        or a value embedding or bank."""
         return (self.mixes(layer) in (None, 'hidden') or self.takes_v1(layer)) and not (
             self.explicit_softmax(layer) or self.shares_prev(layer, 'k') or self.shares_prev(layer, 'v')
-            or (self.neutreno_lambda and layer > self.residual_source) or self.has_value_embed(layer))
+            or (self.neutreno_lambda and layer > self.residual_source) or self.has_value_embed(layer)
+            or self.in_value_bank(layer))
 
 
 class CausalSelfAttention(nn.Module):
@@ -230,29 +242,47 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.store_lambdas(config)
-        # Off the paper's path, DenseFormer's weights α (see between_blocks) and value embeddings' tables
+        # Off the paper's path, DenseFormer's weights α (see between_blocks), value embeddings' tables and
+        # the bank of values' tables
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
                                     for i in range(L)) if config.denseformer else None
         kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
                                            if config.has_value_embed(i)})
+        self.value_bank = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
+                                         if config.in_value_bank(i)})
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
-        # KV cache slots: one per K and V a layer computes itself; shared ones (SVFormer, CLA) are stored once
+        # KV cache slots: one per K and V a layer computes itself; shared ones (SVFormer, CLA) are stored
+        # once, and a bank's layers store no values, only the token ids they look them up from (one slot)
         attns = [block.attn for block in self.blocks]
         for slot, attn in enumerate(a for a in attns if a.c_k is not None):
             attn.k_slot = slot
         for slot, attn in enumerate(a for a in attns if a.c_v is not None):
             attn.v_slot = slot
-        self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns))
+        self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns),
+                         int(len(self.value_bank) > 0))
         self.apply(self._init_weights)
         for i in self.value_embeds:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
             nn.init.uniform_(self.blocks[int(i)].attn.ve_gate.weight, 0.0, 0.02)
+        self.init_value_bank()
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)  # the paper's (Hugging Face Llama's) init
+
+    @torch.no_grad()
+    def init_value_bank(self):
+        """BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would
+        compute from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
+        projection, which it then leaves unused; our bank layers have none, so each draws one with the init
+        every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
+        so at step 0 a bank layer's values are exactly x0 W_V."""
+        x0 = F.rms_norm(self.wte.weight, (self.config.n_embd,), eps=self.config.norm_eps)
+        for table in self.value_bank.values():
+            w_v = x0.new_empty(table.embedding_dim, self.config.n_embd).normal_(mean=0.0, std=0.02)
+            table.weight.copy_(x0 @ w_v.T)
 
     def store_lambdas(self, config):
         """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
@@ -289,8 +319,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
         """Logits (B, T, vocab) and, given targets, the mean cross-entropy (targets of -1 are ignored).
-        kv_cache: continue from the cached positions. stats: a dict to fill with per-layer 'attn'
-        probabilities, 'keys', 'values' (V'_n) and 'hidden' states (each block's output), for analysis."""
+        kv_cache: continue from the cached positions (and cache idx's token ids too if a bank of values looks
+        its values up from them). stats: a dict to fill with per-layer 'attn' probabilities, 'keys', 'values'
+        (V'_n) and 'hidden' states (each block's output), for analysis."""
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
@@ -303,9 +334,12 @@ class GPT(nn.Module):
         s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
         v1 = source = prev = None  # V1; for AblationAttention, the Heads of V1's layer and of the last one
         kept = {'outputs': [x]}  # what between_blocks keeps from block to block
+        # the token ids of every position attended over, cached ones included: a bank of values' values
+        tokens = idx if kv_cache is None or not self.value_bank else kv_cache.store_tokens(idx)
         for i, block in enumerate(self.blocks):
             x = self.between_blocks(i, x, prev, kept, lambdas, stats)
-            x, heads = block(x, rope, lambdas[i], v1, kv_cache, self.ablation_inputs(i, idx, source, prev))
+            inputs = self.ablation_inputs(i, idx, tokens, source, prev)
+            x, heads = block(x, rope, lambdas[i], v1, kv_cache, inputs)
             if i == s:  # V1, taken at layer 1 (every cached position included), goes to every later layer
                 v1, source = heads.v, heads
             prev = heads
@@ -341,13 +375,15 @@ class GPT(nn.Module):
             x = lambdas[i, 0] * kept['h_source'] + lambdas[i, 1] * x
         return x
 
-    def ablation_inputs(self, i, idx, source, prev):
+    def ablation_inputs(self, i, idx, tokens, source, prev):
         """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
-        the previous layer's (for CLA), its value embedding of the tokens. None for the paper's attention."""
+        the previous layer's (for CLA), its value embedding of the new tokens idx, its bank's rows for every
+        position in tokens. None for the paper's attention."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
             return None
         value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-        return dict(source=source, prev=prev, value_embed=value_embed)
+        bank = self.value_bank[str(i)](tokens) if str(i) in self.value_bank else None
+        return dict(source=source, prev=prev, value_embed=value_embed, bank=bank)
 
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
@@ -358,6 +394,13 @@ class GPT(nn.Module):
     def new_kv_cache(self, max_seq_len=None):
         """An empty cache for up to max_seq_len (default block_size) positions."""
         return KVCache(*self.kv_slots, min(max_seq_len or self.config.block_size, self.config.block_size))
+
+    def kv_bytes_per_token(self, element_size=2):
+        """Bytes a KV cache holds per position of each sequence: K and V of every slot at element_size bytes
+        an element (2: 16-bit), and the token id where a bank of values looks its values up from it."""
+        n_k, n_v, n_tokens = self.kv_slots
+        kv_dim = self.config.n_kv_head * (self.config.n_embd // self.config.n_head)
+        return (n_k + n_v) * kv_dim * element_size + n_tokens * KVCache.TOKEN_ID_DTYPE.itemsize
 
     @torch.no_grad()
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv_cache=None,
@@ -405,11 +448,12 @@ class GPT(nn.Module):
         return idx
 
     def num_params(self, exclude_embedding=False):
-        """Parameters (shared ones once); exclude_embedding drops the input embedding and the value
-        embeddings, which are lookups and cost no FLOPs."""
+        """Parameters (shared ones once); exclude_embedding drops the input embedding, the value embeddings
+        and the bank of values, which are lookups and cost no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
             n -= sum(p.numel() for p in self.value_embeds.parameters())
+            n -= sum(p.numel() for p in self.value_bank.parameters())
             n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
         return n
 
@@ -453,9 +497,10 @@ class GPT(nn.Module):
 
 class AblationAttention(nn.Module):
     """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix
-    residuals and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, and
-    value embeddings. A layer gets it only if one of them applies there (GPTConfig.on_paper_path); with none
-    of them it computes exactly what CausalSelfAttention does (test_model checks it)."""
+    residuals and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, value
+    embeddings and the bank of values. A layer gets it only if one of them applies there
+    (GPTConfig.on_paper_path); with none of them it computes exactly what CausalSelfAttention does (test_model
+    checks it)."""
 
     heads, project_out = CausalSelfAttention.heads, CausalSelfAttention.project_out  # the same, not a copy
 
@@ -469,21 +514,22 @@ class AblationAttention(nn.Module):
         self.mixes = config.mixes(layer)  # 'query', 'key', 'attention' or 'value' (then see self.mapping)
         self.mapping = config.value_mapping if self.mixes == 'value' else None
         self.takes_v1, self.svformer = config.takes_v1(layer), config.is_svformer_layer(layer)
-        self.shares_v = config.shares_prev(layer, 'v')
+        self.shares_v, self.bank = config.shares_prev(layer, 'v'), config.in_value_bank(layer)
         self.explicit_softmax = config.explicit_softmax(layer)
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
         self.c_q = nn.Linear(d, d, bias=False)
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(d, kv_dim, bias=False)
-        self.c_v = None if self.svformer or self.shares_v else nn.Linear(d, kv_dim, bias=False)
+        self.c_v = None if self.svformer or self.shares_v or self.bank else nn.Linear(d, kv_dim, bias=False)
         self.c_proj = nn.Linear(d, d, bias=False)
         # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
         self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) \
             if config.has_value_embed(layer) else None
+        self.gamma_v = nn.Parameter(torch.ones(1)) if self.bank else None  # BoV's scale of the layer's table
 
-    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed):
+    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed, bank):
         """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
-        and of the previous layer; value_embed: the layer's value embedding of the tokens (B, T, kv_dim), or
-        None."""
+        and of the previous layer; value_embed: the layer's value embedding of the new tokens (B, T, kv_dim);
+        bank: its bank's rows for every position attended over (B, T_k, kv_dim); each None if not used."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
@@ -500,6 +546,12 @@ class AblationAttention(nn.Module):
             v = prev.v  # CLA / share-V: the previous layer's values
         elif self.svformer:
             v = lam[0] * v1
+        elif self.bank:
+            # Bank of Values: V_n = γ_v E_n[token], a function of the token ids alone, so the cache keeps
+            # those (GPT.forward) and every position's values are looked up again rather than cached
+            v = self.gamma_v * bank.view(B, -1, self.n_kv_head, self.head_dim).transpose(1, 2)
+            if self.takes_v1:  # with ResFormer, V'_n = λ1 V1 + λ2 γ_v E_n[token], V1 over every position
+                v = lam[0] * v1 + lam[1] * v
         else:
             v = self.heads(self.c_v, x)
             if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
@@ -583,12 +635,19 @@ def attention_probs(q, k):
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
     Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per
-    pair. Every residual of Sec. 4.4 works with it: later layers read the source layer's newest rows (and a
-    key or value residual caches the mixed K'_n / V'_n), so nothing beyond K and V needs keeping."""
+    pair, and a bank of values none: its layers' values are a lookup of the token ids, which the cache keeps
+    instead (one slot of token ids for all of them). Every residual of Sec. 4.4 works with it: later layers
+    read the source layer's newest rows (and a key or value residual caches the mixed K'_n / V'_n), so nothing
+    beyond K and V needs keeping."""
 
-    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+    # the model's own dtype for token ids (8 bytes a position): int32 would halve it, but converting on the
+    # way in makes a compiled decoder specialise on whether the prompt is a slice of a longer tensor
+    TOKEN_ID_DTYPE = torch.long
+
+    def __init__(self, n_k_slots, n_v_slots, n_token_slots, max_seq_len):
         self.k = [None] * n_k_slots
         self.v = [None] * n_v_slots
+        self.tokens = [None] * n_token_slots
         self.max_seq_len = max_seq_len
         self.pos = 0  # positions already cached; the model advances it after each forward
 
@@ -601,11 +660,19 @@ class KVCache:
         slots[slot][:, :, self.pos:self.pos + T] = new
         return slots[slot][:, :, :self.pos + T]
 
+    def store_tokens(self, idx):
+        """Write the token ids idx (B, T) at self.pos; return those of every position so far (B, pos + T)."""
+        B, T = idx.shape
+        if self.tokens[0] is None:
+            self.tokens[0] = idx.new_empty(B, self.max_seq_len, dtype=self.TOKEN_ID_DTYPE)
+        self.tokens[0][:, self.pos:self.pos + T] = idx
+        return self.tokens[0][:, :self.pos + T]
+
     def reset(self):
         self.pos = 0
 
     def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.tokens if t is not None)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -747,6 +814,17 @@ def check_flags(cfg, need):
                    if cfg.has_value_embed(n) and (cfg.is_svformer_layer(n) or cfg.shares_prev(n, 'v'))]
         need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have none "
                           f"(SVFormer or share_kv); drop value_embeds or pick another variant")
+    bank = [n + 1 for n in range(cfg.n_layer) if cfg.in_value_bank(n)]  # 1-based, as in every message
+    if cfg.value_bank:
+        need(cfg.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is layer 1, whose "
+                               "values already depend on the token alone")
+        both = [n for n in bank if cfg.has_value_embed(n - 1)]
+        need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; use one of "
+                       "them")
+        shared = [n + 1 for n in range(cfg.n_layer) if cfg.shares_prev(n, 'v') and n + 1 in bank]
+        need(not shared, f"share_kv={cfg.share_kv!r} makes layer(s) {shared} reuse the values of the layer "
+                         f"before, but value_bank gives layers {bank[0]}-{bank[-1]} their own tables; "
+                         "use share_kv='k' or 'none'")
     if not cfg.value_residual:
         need(cfg.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
         need(cfg.lambda_mode == 'fixed', f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")
@@ -761,6 +839,11 @@ def check_flags(cfg, need):
     for n, row in enumerate(cfg.lambdas[:s + 1]):
         need(row == (0.0, 1.0),
              f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")
+    svformer = [n for n in bank if cfg.is_svformer_layer(n - 1)]
+    if svformer:
+        raise ValueError(f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but SVFormer "
+                         f"layer(s) {svformer} have none of their own (a fixed zero weight on V_n); give "
+                         "them a weight on V_n in lambdas or drop value_bank")
     if cfg.residual_type == 'value':
         need(cfg.share_kv not in ('v', 'kv'),
              f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "

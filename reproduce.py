@@ -9,6 +9,7 @@ installed).
     python reproduce.py scaling --report_only     # tables from the runs finished so far
     python reproduce.py lr --dry_run              # list the runs and whether each is done
     python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
+    python reproduce.py value_bank --scale=bpe    # GPT-2 BPE at a CPU shape: token tables cost parameters
     python reproduce.py all --retrain             # also retrain runs made by code that trains differently
     python reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
 
@@ -40,7 +41,7 @@ import support
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent
-SUITES = ('variants', 'depth', 'value_embed', 'scaling', 'lr', 'kv', 'controls')
+SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -56,20 +57,31 @@ SCALES = {
                 gradient_accumulation_steps=1, max_iters=2000, lr_decay_iters=2000, warmup_iters=100,
                 learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=20, log_interval=10,
                 log_grad_norms=True),
+    # GPT-2 BPE Shakespeare at config/small_svformer.py's shape and steps (config/small_value_bank.py has the
+    # same settings), a few minutes a run on 2 cores: the cpu scale's model, but a vocabulary of 50,304, where
+    # a token table costs real parameters (the value_bank suite's second run set). 300 steps of 1,024 tokens.
+    'bpe': dict(dataset='shakespeare_gpt2', n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=8,
+                gradient_accumulation_steps=1, max_iters=300, lr_decay_iters=300, warmup_iters=30,
+                learning_rate=2e-3, min_lr=2e-4, eval_interval=50, eval_iters=20, log_interval=10,
+                log_grad_norms=True),
 }
-# (n_layer, n_embd) per scaling point; heads of 32 (cpu) or 64 (gpu) dimensions
-SIZES = {'cpu': [(2, 64), (3, 96), (4, 128), (5, 160)], 'gpu': [(4, 256), (6, 384), (8, 512), (12, 768)]}
-HEAD_DIM = {'cpu': 32, 'gpu': 64}
-LEARNING_RATES = {'cpu': [1e-3, 2e-3, 4e-3, 8e-3], 'gpu': [3e-4, 6e-4, 1.2e-3, 2.4e-3]}
+# (n_layer, n_embd) per scaling point; heads of 32 (cpu, bpe) or 64 (gpu) dimensions
+SIZES = {'cpu': [(2, 64), (3, 96), (4, 128), (5, 160)], 'gpu': [(4, 256), (6, 384), (8, 512), (12, 768)],
+         'bpe': [(2, 64), (3, 96), (4, 128), (5, 160)]}
+HEAD_DIM = {'cpu': 32, 'gpu': 64, 'bpe': 32}
+LEARNING_RATES = {'cpu': [1e-3, 2e-3, 4e-3, 8e-3], 'gpu': [3e-4, 6e-4, 1.2e-3, 2.4e-3],
+                  'bpe': [1e-3, 2e-3, 4e-3, 8e-3]}
 # at a fixed number of tokens per step, as in the paper's Sec. 4.6
-SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048]}
+SEQ_LENS = {'cpu': [128, 512], 'gpu': [512, 2048], 'bpe': [128, 512]}
 VARIANTS = ['vanilla', 'resformer_identity', 'resformer_constant', 'resformer_sparse', 'resformer_learnable',
             'resformer_learnable_plus', 'svformer', 'neutreno', 'denseformer']
 BASELINE = 'vanilla'
 # The paper's depth (its 82M model has 8 layers): at the cpu scale the default width with 8 layers, trained
 # twice as long; Sparse then puts λ = (5, 1) on layers 6-8 exactly as the paper's best setting. The gpu scale
-# has 8 already.
-DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iters=100), 'gpu': {}}
+# has 8 already. At the bpe scale the LM head over 50,304 tokens costs most of a step, so 8 layers cost about
+# what 4 do a step: the same steps keep a run to minutes.
+DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iters=100), 'gpu': {},
+         'bpe': dict(n_layer=8)}
 DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
                   'resformer_learnable_plus', 'svformer', 'neutreno']
 # Is ResFormer's gain only a faster-learning layer 1, or V1 itself without attention? At the paper's depth:
@@ -79,7 +91,7 @@ DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resforme
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
 CONTROL_LR_SCALES = (2.0, 4.0)
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
-PADDED_VOCAB = {'cpu': 128, 'gpu': 50304}
+PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
 
 
 def suite_groups(suite, scale):
@@ -91,19 +103,23 @@ def suite_groups(suite, scale):
     if suite == 'depth':
         return [(f'{v} L8', dict(variant=v, **DEPTH[scale]), f'{BASELINE} L8') for v in DEPTH_VARIANTS]
     if suite == 'value_embed':
-        groups = []
-        for depth, shape in ((base['n_layer'], {}), (8, DEPTH[scale])):
-            n_layer = shape.get('n_layer', base['n_layer'])
-            groups += [
-                (f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}')
-                for label, settings in [
-                    (BASELINE, dict(variant=BASELINE)),
-                    ('resformer_identity', dict(variant='resformer_identity')),
-                    ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
-                    ('value_embeds+resformer', dict(variant='resformer_identity', value_embeds=True)),
-                    (f'vanilla ffn={matched_ffn(scale, n_layer)}',  # a Transformer with as many parameters
-                     dict(variant=BASELINE, ffn_hidden=matched_ffn(scale, n_layer)))]]
-        return groups
+        return at_two_depths(scale, lambda n_layer: [
+            (BASELINE, dict(variant=BASELINE)),
+            ('resformer_identity', dict(variant='resformer_identity')),
+            ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
+            ('value_embeds+resformer', dict(variant='resformer_identity', value_embeds=True)),
+            *widened(scale, n_layer, dict(value_embeds=True))])
+    if suite == 'value_bank':
+        # every context-free value: V1 mixed in (ResFormer) or alone (SVFormer), a gated table added to the
+        # values (value embeddings) or tables that replace them (the bank), and the bank with ResFormer
+        return at_two_depths(scale, lambda n_layer: [
+            (BASELINE, dict(variant=BASELINE)),
+            ('resformer_identity', dict(variant='resformer_identity')),
+            ('svformer', dict(variant='svformer')),
+            ('value_embeds', dict(variant=BASELINE, value_embeds=True)),
+            ('value_bank', dict(variant=BASELINE, value_bank=True)),
+            ('value_bank+resformer', dict(variant='resformer_identity', value_bank=True)),
+            *widened(scale, n_layer, dict(value_bank=True))])
     if suite == 'scaling':
         return [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]),
                  f'{BASELINE} L{L} d{d}')
@@ -131,14 +147,32 @@ def suite_groups(suite, scale):
     raise ValueError(f"unknown suite {suite!r}")
 
 
-def matched_ffn(scale, n_layer):
-    """The SwiGLU width at which a Transformer has the parameters of the same Transformer with value
-    embeddings."""
+def at_two_depths(scale, groups):
+    """The scale's depth and the paper's 8 layers (DEPTH's shape; once where the scale has 8), each group paired
+    with the Transformer of its depth: groups(n_layer) gives [(label, settings)]."""
+    base = SCALES[scale]
+    depths = [(base['n_layer'], {})] + ([(8, DEPTH[scale])] if base['n_layer'] != 8 else [])
+    return [(f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}')
+            for depth, shape in depths for label, settings in groups(depth)]
+
+
+def widened(scale, n_layer, flags):
+    """[(label, settings)] of a Transformer whose wider SwiGLU gives it the parameters of the Transformer with
+    flags; none where they cost too few to widen it (a bank of values at the cpu scale: vocab = d = 128, so
+    its tables cost what the W_V they replace did, plus one γ_v a layer), as it would be the Transformer
+    itself."""
+    ffn, plain = matched_ffn(scale, n_layer, flags), matched_ffn(scale, n_layer, {})
+    return [(f'{BASELINE} ffn={ffn}', dict(variant=BASELINE, ffn_hidden=ffn))] if ffn != plain else []
+
+
+def matched_ffn(scale, n_layer, flags):
+    """The SwiGLU width at which a Transformer has the parameters of the same Transformer with flags (value
+    embeddings, a bank of values)."""
     base = SCALES[scale] | dict(n_layer=n_layer)
     shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'],
                  vocab_size=PADDED_VOCAB[scale])
     with torch.device('meta'):
-        extra = GPT(GPTConfig(**shape, value_embeds=True)).num_params() - GPT(GPTConfig(**shape)).num_params()
+        extra = GPT(GPTConfig(**shape, **flags)).num_params() - GPT(GPTConfig(**shape)).num_params()
     # 3 SwiGLU matrices a layer
     return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))
 
@@ -234,7 +268,8 @@ _probes = {}
 
 def probe(settings):
     """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
-    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds') if k in settings}
+    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds', 'value_bank')
+                    if k in settings}
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
     key = json.dumps(tiny, sort_keys=True)
@@ -326,11 +361,10 @@ def summarize(run_dir, settings, seconds):
     checkpoint = torch.load(run_dir / 'ckpt.pt', map_location='cpu', weights_only=True)
     with torch.device('meta'):
         model = GPT(GPTConfig(**checkpoint['model_args']))
-    cfg = model.config
     return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1],
             'params': model.num_params(),
-            # bytes of K and V cached per token of context, in 16-bit precision
-            'kv_bytes_per_token': sum(model.kv_slots) * cfg.n_kv_head * (cfg.n_embd // cfg.n_head) * 2,
+            # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
+            'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
             'lambdas': lambdas[-1] if lambdas else None,
             'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]}
                                if grads else None,
@@ -627,8 +661,8 @@ def quarter_norm(group, column, quarter):
 
 
 def kv_rows(groups):
-    """Sec. 4.6: the loss against KV-cache size, and how SVFormer's gap to the Transformer
-    changes with length."""
+    """Sec. 4.6: the loss against KV-cache size, and how SVFormer's gap to the Transformer changes with
+    length; for the value_bank suite, what each context-free value costs and gains at each depth."""
     rows = []
     for label, group in groups.items():
         if group['runs'] and label != group['baseline'] and groups[group['baseline']]['runs']:
@@ -636,10 +670,11 @@ def kv_rows(groups):
             gap = (mean_std([r['final_val_loss'] for r in group['runs']])[0]
                    - mean_std([r['final_val_loss'] for r in base['runs']])[0])
             ratio = group['runs'][0]['kv_bytes_per_token'] / base['runs'][0]['kv_bytes_per_token']
-            rows.append(f"| {label} | {ratio:.3f} | {gap:+.4f} |")
-    return ['', "KV cache against the same-length Transformer, and the loss gap "
-            "(mean final loss − Transformer's):", '',
-            '| group | KV bytes ratio | loss gap |', '|---|---|---|'] + rows
+            params = group['runs'][0]['params'] / base['runs'][0]['params']
+            rows.append(f"| {label} | {ratio:.3f} | {gap:+.4f} | {params:.3f} |")
+    return ['', "KV cache and parameters against the Transformer each group is paired with (same length or "
+            "depth), and the loss gap (mean final loss − Transformer's):", '',
+            '| group | KV bytes ratio | loss gap | parameters ratio |', '|---|---|---|---|'] + rows
 
 
 def plot(suite, groups, out_dir):
@@ -663,17 +698,20 @@ def plot(suite, groups, out_dir):
     fig.savefig(out_dir / 'curves.png', dpi=120)
     plt.close(fig)
     names = ['curves.png']
-    if suite in ('variants', 'depth', 'value_embed', 'controls'):
+    if suite in ('variants', 'depth', 'value_embed', 'value_bank', 'controls'):
         names.append(plot_deltas(suite, groups, out_dir, plt))
-    if suite in ('scaling', 'lr', 'kv'):
+    if suite in ('scaling', 'lr', 'kv', 'value_bank'):
         fig, ax = plt.subplots(figsize=(6, 4))
         series = {}
         for label, group in done.items():
             family = label.split(' ')[0]
             x = {'scaling': group['runs'][0]['params'], 'lr': group['runs'][0]['settings']['learning_rate'],
-                 'kv': group['runs'][0]['kv_bytes_per_token']}[suite]
+                 'kv': group['runs'][0]['kv_bytes_per_token'],
+                 'value_bank': group['runs'][0]['kv_bytes_per_token']}[suite]
             if suite == 'kv':
                 family = label  # one point per variant and length
+            if suite == 'value_bank':
+                family = label.rsplit(' ', 1)[0]  # a line per variant, from its 4-layer to its 8-layer point
             mean, std = mean_std([r['final_val_loss'] for r in group['runs']])
             series.setdefault(family, []).append((x, mean, std))
         for family, points in series.items():
@@ -681,9 +719,10 @@ def plot(suite, groups, out_dir):
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
                         marker='o', label=family, capsize=3)
         ax.set_xscale('log')
-        ax.set(xlabel={'scaling': 'parameters', 'lr': 'peak learning rate',
-                       'kv': 'KV bytes per token'}[suite],
-               ylabel='final validation loss', title=suite)
+        ax.set(xlabel={'scaling': 'parameters', 'lr': 'peak learning rate', 'kv': 'KV bytes per token',
+                       'value_bank': 'KV-cache bytes per token (16-bit)'}[suite],
+               ylabel='final validation loss',
+               title=f'{suite}: one line per variant, across depths' if suite == 'value_bank' else suite)
         ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(out_dir / f'{suite}.png', dpi=120)
@@ -772,7 +811,7 @@ def write_report(suite, scale, seeds, results_dir):
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
-             'kv': kv_rows, 'controls': grad_rows}
+             'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')
@@ -787,7 +826,8 @@ def main(argv=None):
     parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),
                         help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the "
-                             "paper's 82M shape (default: %(default)s)")
+                             "paper's 82M shape; bpe: the cpu shape on GPT-2 BPE Shakespeare "
+                             "(default: %(default)s)")
     parser.add_argument('--seeds', type=int, default=3,
                         help='seeds per group: 1337, 1338, ... (default: %(default)s)')
     parser.add_argument('--runs_dir', default='out/reproduce',

@@ -41,6 +41,14 @@ EXTRA_CASES = {
     'value_embeds': dict(value_embeds=True),
     'value_embeds_resformer_gqa': dict(variant='resformer_identity', value_embeds=True, n_kv_head=2),
     'value_embeds_3_layers': dict(variant='resformer_identity', value_embeds=True, n_layer=3),
+    # the bank of values (BoV): layers 3 and 4 of 4 look their values up; with ResFormer, with an SVFormer layer
+    # below the bank and hand-picked λ, with shared keys, and with the residual's source inside the bank
+    'value_bank': dict(value_bank=True),
+    'value_bank_resformer_gqa': dict(variant='resformer_identity', value_bank=True, n_kv_head=2),
+    'value_bank_after_svformer_gqa': dict(value_residual=True, value_bank=True, n_kv_head=2,
+                                          lambdas=[(0, 1), (1, 0), (0.7, 0.6), (-0.4, 1.5)]),
+    'value_bank_share_k': dict(variant='share_k', value_bank=True),
+    'value_bank_source_in_bank': dict(variant='resformer_identity', residual_source=2, value_bank=True),
 }
 # The Sec. 4.4 ablations, with hand-picked λ rows (so a swapped λ1/λ2 or a wrong source shows) and GQA where it applies.
 MIXED = [(0, 1), (0.7, 0.6), (0.3, 0.9), (-0.4, 1.5)]
@@ -116,7 +124,8 @@ def naive_forward(state, cfg, idx):
     """Logits of `cfg`'s model with weights `state`, written from the paper's formulas with explicit loops
     over layers and heads and nothing from model.py. Supports fixed λ (value residual, SVFormer, rescaling),
     the Sec. 4.4 ablations (source layer, query/key/attention-matrix/hidden residual, mapping by the source's
-    attention), NeuTRENO, GQA/MQA and cross-layer K/V sharing; not DenseFormer or learnable λ."""
+    attention), NeuTRENO, GQA/MQA, cross-layer K/V sharing, value embeddings and the bank of values; not
+    DenseFormer or learnable λ."""
     assert not cfg.denseformer and cfg.lambda_mode == 'fixed'
     W = {k: v.to(torch.float64) for k, v in state.items()}
     B, T = idx.shape
@@ -173,7 +182,11 @@ def naive_forward(state, cfg, idx):
             assert n % 2 == 1 and cfg.share_kv in ('k', 'kv')
             K, K_raw = K_prev, None
         # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
-        if p + 'attn.c_v.weight' in W:
+        if f'value_bank.{n}.weight' in W:  # a bank of values: V_n = γ_v E_n[token], no W_V
+            assert p + 'attn.c_v.weight' not in W
+            Vn = heads(W[p + 'attn.gamma_v'] * W[f'value_bank.{n}.weight'][idx], H_kv)
+            V = mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current') else Vn
+        elif p + 'attn.c_v.weight' in W:
             Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
             if f'value_embeds.{n}.weight' in W:  # V_n += 3σ(x[:12] W_g) E_n[token], one gate per KV head
                 gate = 3 * torch.sigmoid(h[..., :12] @ W[p + 'attn.ve_gate.weight'].T)
@@ -361,8 +374,9 @@ REFERENCE_CASES = {
     'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
     'value_embeds_resformer_gqa': EXTRA_CASES['value_embeds_resformer_gqa'],
     'value_embeds_3_layers': EXTRA_CASES['value_embeds_3_layers'],
-} | {name: kw for name, kw in ABLATION_CASES.items() if kw.get('variant') not in VARIANTS or
-     VARIANTS[kw['variant']].get('lambda_mode', 'fixed') == 'fixed'}
+} | {name: kw for name, kw in EXTRA_CASES.items() if name.startswith('value_bank')} | {
+    name: kw for name, kw in ABLATION_CASES.items() if kw.get('variant') not in VARIANTS or
+    VARIANTS[kw['variant']].get('lambda_mode', 'fixed') == 'fixed'}
 
 
 @pytest.mark.parametrize('case', REFERENCE_CASES)
@@ -466,7 +480,8 @@ def test_incremental_decoding_matches_full_forward(case):
 
 
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa',
-                                  'value_embeds_resformer_gqa', *ABLATION_CASES])
+                                  'value_embeds_resformer_gqa', 'value_bank_resformer_gqa',
+                                  'value_bank_after_svformer_gqa', 'value_bank_source_in_bank', *ABLATION_CASES])
 def test_greedy_generate_same_with_and_without_cache(case):
     """Greedy decoding gives the same tokens with and without the KV cache, also past block_size (16),
     where both crop the context to the last 16 tokens."""
@@ -482,7 +497,7 @@ def test_greedy_generate_same_with_and_without_cache(case):
 
 
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', 'denseformer',
-                                  'attention_residual'])
+                                  'attention_residual', 'value_bank_resformer_gqa'])
 def test_compiled_decoding_compiles_once_not_per_token(case):
     """torch.compile traces the cached forward whole (fullgraph) and reuses it: once prompts of two lengths have
     been seen, longer generations from other prompt lengths compile nothing new, and give the uncompiled
@@ -528,6 +543,37 @@ def test_kv_cache_sizes():
         assert cache_bytes(variant='resformer_identity', n_head=8, residual_type=kind) == vanilla
     # value embeddings enter V_n before it is cached: no extra cache
     assert cache_bytes(variant='resformer_identity', n_head=8, value_embeds=True) == vanilla
+    # a bank of values (layers 3 and 4 of 4) caches no values there, only each position's token id (8 bytes),
+    # with or without ResFormer: V_1 is cached by layer 1 and the bank is looked up again
+    token_ids = 2 * 16 * 8  # batch × max_seq_len × int64
+    for variant in ('vanilla', 'resformer_identity'):
+        assert cache_bytes(variant=variant, n_head=8, value_bank=True) == vanilla * Fraction(L + 2, 2 * L) + token_ids
+
+
+@pytest.mark.parametrize('case', ALL_CASES)
+def test_kv_bytes_per_token_is_what_a_cache_holds(case):
+    """GPT.kv_bytes_per_token (what reproduce.py records for each run) times batch and length is what a filled
+    cache holds, at the element size of its keys (float32 here)."""
+    model = GPT(tiny_config(**ALL_CASES[case])).eval()
+    cache = model.new_kv_cache(16)
+    logits_of(model, random_tokens(model, T=5), kv_cache=cache)
+    assert cache.nbytes() == model.kv_bytes_per_token(element_size=4) * 2 * 16
+
+
+def test_value_bank_caches_token_ids_and_looks_every_value_up_again():
+    """The bank's layers keep no value slot; the cache keeps the prompt's token ids. Changing γ_v after the prefill
+    changes the next token's logits exactly as a full forward with the new γ_v does: the cached positions' values
+    were looked up again, not read from a cache (which would still hold the old ones)."""
+    model = tiny_model(variant='resformer_identity', value_bank=True)
+    assert [block.attn.v_slot for block in model.blocks] == [0, 1, None, None] and model.kv_slots == (4, 2, 1)
+    idx = random_tokens(model, T=8)
+    cache = model.new_kv_cache(16)
+    logits_of(model, idx[:, :7], kv_cache=cache)
+    assert torch.equal(cache.tokens[0][:, :7], idx[:, :7])
+    with torch.no_grad():
+        model.blocks[3].attn.gamma_v.mul_(-2.0)
+    step = logits_of(model, idx[:, 7:], kv_cache=cache)[:, -1]
+    torch.testing.assert_close(step, logits_of(model, idx)[:, -1], rtol=0, atol=1e-10)
 
 
 def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gates():
@@ -553,6 +599,55 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
 
 
 # ----------------------------------------------------------------------------------- parameter counts
+
+@pytest.mark.parametrize('n_layer, bank', [(2, [1]), (3, [2]), (4, [2, 3]), (8, [5, 6, 7]), (12, [8, 9, 10, 11]),
+                                           (24, list(range(16, 24)))])
+def test_value_bank_is_the_last_third_and_replaces_w_v_there(n_layer, bank):
+    """BoV's layers: 0-based layer >= 2·n_layer // 3 (with 12 layers its "last 4", with 24 layers 16-23). Each
+    has its own vocab x kv_dim table and one γ_v and no W_V; every other layer keeps its W_V."""
+    with torch.device('meta'):
+        model = GPT(tiny_config(n_layer=n_layer, value_bank=True, n_kv_head=2))
+    assert sorted(map(int, model.value_bank)) == bank
+    assert [i for i, block in enumerate(model.blocks) if block.attn.c_v is None] == bank
+    assert all(model.value_bank[str(i)].weight.shape == (64, 16) for i in bank)
+    assert [i for i, block in enumerate(model.blocks) if getattr(block.attn, 'gamma_v', None) is not None] == bank
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(variant='resformer_identity', n_kv_head=2), dict(n_layer=8)])
+def test_value_bank_parameter_count_is_the_formula(kw):
+    """A bank adds vocab·kv_dim + 1 (its table and γ_v) and removes d·kv_dim (W_V) in each of its layers; as lookups,
+    its tables are left out with the embedding."""
+    plain, bank = GPT(tiny_config(**kw)), GPT(tiny_config(value_bank=True, **kw))
+    cfg = bank.config
+    n_bank, d, kv_dim = len(bank.value_bank), cfg.n_embd, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
+    assert n_bank == cfg.n_layer - (2 * cfg.n_layer) // 3
+    assert bank.num_params() == plain.num_params() + n_bank * (cfg.vocab_size * kv_dim + 1 - d * kv_dim)
+    assert (bank.num_params(exclude_embedding=True)
+            == plain.num_params(exclude_embedding=True) + n_bank * (1 - d * kv_dim))
+
+
+def test_value_bank_off_is_the_model_before_and_on_starts_as_values_of_the_token_embedding():
+    """value_bank=False builds the same parameters from the same seed. With it on, each table starts as
+    RMSNorm(wte) W_V^T for a W_V of the init's std 0.02 (its own for each layer): a least-squares fit of the table
+    on the normed embedding is exact and finds such a W_V, while the un-normed embedding does not fit. γ_v starts
+    at 1."""
+    before, after = tiny_model(variant='resformer_identity'), tiny_model(variant='resformer_identity', value_bank=False)
+    assert all(torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
+    torch.manual_seed(0)
+    model = GPT(tiny_config(value_bank=True, n_kv_head=2))
+    wte = model.wte.weight.detach().double()
+    normed = F.rms_norm(wte, (32,), eps=model.config.norm_eps)
+    fitted = []
+    for i, table in model.value_bank.items():
+        table = table.weight.detach().double()
+        w_v_t = torch.linalg.lstsq(normed, table).solution  # (d, kv_dim)
+        assert (normed @ w_v_t - table).norm() < 1e-5 * table.norm()
+        assert abs(w_v_t.std().item() - 0.02) < 0.002
+        raw = torch.linalg.lstsq(wte, table).solution
+        assert (wte @ raw - table).norm() > 1e-2 * table.norm()
+        assert model.blocks[int(i)].attn.gamma_v.item() == 1.0
+        fitted.append(w_v_t)
+    assert (fitted[0] - fitted[1]).abs().max() > 1e-2
 
 @pytest.mark.parametrize('layers, heads, d, ffn, target', [
     (8, 8, 512, 1792, 82e6), (12, 12, 768, 2688, 180e6), (24, 16, 1024, 3584, 468e6)])
@@ -640,10 +735,11 @@ def test_learnable_lambdas_start_at_config_and_train(variant):
     dict(value_residual=True, lambda_mode='plus', lambdas=[(0, 1)] + [(1, 0.5)] * 3, denseformer=True),
     dict(value_residual=True, lambda_mode='learnable', lambdas=[(0, 1)] + [(0.5, 0.5)] * 3, n_kv_head=2),
     dict(variant='svformer', tie_embeddings=True),
+    dict(variant='resformer_identity', value_bank=True, n_kv_head=2),
 ])
 def test_configure_optimizers_decay_groups(kw):
-    """Weight decay on every matrix and embedding; none on RMSNorm gains, λ or DenseFormer α; each trainable
-    parameter in exactly one group."""
+    """Weight decay on every matrix and embedding (a bank's tables too); none on RMSNorm gains, λ, DenseFormer α
+    or a bank's γ_v; each trainable parameter in exactly one group."""
     model = GPT(tiny_config(**kw))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
     decay, no_decay = optimizer.param_groups
@@ -653,10 +749,10 @@ def test_configure_optimizers_decay_groups(kw):
     assert len(grouped) == len(set(grouped))
     decayed = {id(p) for p in decay['params']}
     for name, p in trainable(model):
-        is_matrix = name.endswith(('wte.weight', 'lm_head.weight')) or any(
+        is_matrix = name.endswith(('wte.weight', 'lm_head.weight')) or name.startswith('value_bank.') or any(
             s in name for s in ('.c_q.', '.c_k.', '.c_v.', '.c_proj.', '.c_gate.', '.c_up.', '.c_down.'))
         assert (id(p) in decayed) == is_matrix, name
-        if 'norm' in name or 'lambda' in name or name.startswith('dwa.'):
+        if 'norm' in name or 'lambda' in name or name.startswith('dwa.') or name.endswith('gamma_v'):
             assert id(p) not in decayed, name
 
 
@@ -665,7 +761,9 @@ def test_configure_optimizers_decay_groups(kw):
 # Layers (0-based, of 4) whose attention goes beyond the paper's path; every other case uses the paper's alone.
 ABLATION_LAYERS = {
     'cla': [1, 3], 'share_k': [1, 3], 'share_v': [1, 3], 'value_embeds': [1, 3], 'value_embeds_3_layers': [0, 2],
-    'value_embeds_resformer_gqa': [1, 3], 'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
+    'value_embeds_resformer_gqa': [1, 3], 'value_bank': [2, 3], 'value_bank_resformer_gqa': [2, 3],
+    'value_bank_after_svformer_gqa': [2, 3], 'value_bank_share_k': [1, 2, 3], 'value_bank_source_in_bank': [2, 3],
+    'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
     'query_residual': [1, 2, 3], 'key_residual': [1, 2, 3], 'learnable_key_residual': [1, 2, 3],
     'mapping_first': [1, 2, 3], 'mapping_first_rescaled': [1, 2, 3], 'mapping_identity': [1, 2, 3],
     'attention_residual': [0, 1, 2, 3], 'attention_residual_v2': [1, 2, 3],  # A from the source layer on
@@ -775,6 +873,11 @@ def test_generate_stop_token_stops_and_pads_finished_rows():
 BAD_CONFIGS = {
     'value embeddings on SVFormer layers': dict(variant='svformer', value_embeds=True),
     'value embeddings on CLA layers': dict(variant='cla', value_embeds=True),
+    'value bank with one layer': dict(value_bank=True, n_layer=1),
+    'value bank on SVFormer layers': dict(variant='svformer', value_bank=True),
+    'value bank with value embeddings': dict(value_bank=True, value_embeds=True),
+    'value bank with CLA': dict(variant='cla', value_bank=True),
+    'value bank with share_v': dict(variant='share_v', value_bank=True, n_layer=6),
     'n_embd not divisible by n_head': dict(n_embd=30, n_head=4),
     'n_head not divisible by n_kv_head': dict(n_kv_head=3),
     'odd head_dim': dict(n_embd=12, n_head=4),
@@ -861,6 +964,9 @@ def test_bad_config_messages_name_the_problem():
                       (dict(variant='resformer_identity', residual_source=3), ('residual_source', '0 to 2'))]:
         assert all(word in message(**kw) for word in words), (kw, message(**kw))
     assert 'divisible' not in message(n_kv_head=2.5)
+    assert 'layer(s) [3, 4]' in message(variant='svformer', value_bank=True)
+    assert 'layer(s) [4]' in message(value_bank=True, value_embeds=True)
+    assert "layer(s) [6] reuse" in message(variant='share_v', value_bank=True, n_layer=6)
 
 
 @pytest.mark.parametrize('kw', [

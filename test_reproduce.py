@@ -1,7 +1,9 @@
 """reproduce.py without training: its statistics and reports on synthetic runs, and the runner's skip/resume logic."""
+import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import pytest
 import torch
 
 import reproduce
+from configurator import configure
+from model import GPT, GPTConfig
 from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 
 
@@ -155,12 +159,64 @@ def test_run_names_identify_settings():
     names = {name for suite in reproduce.SUITES for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
-    # depth: 7 new groups; value_embed: 2 x 3 new; controls: 3 new (its Transformer and Identity are depth's)
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 3 * 3
+    # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer and
+    # value embeddings are other suites'); controls: 3 new (its Transformer and Identity are depth's)
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 3 * 3
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2' in reproduce.suite_runs(
         'controls', 'cpu', [1337])[2][1]
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
+
+
+def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_costs_parameters():
+    """At the cpu scale (vocabulary 128 = d) a bank's tables cost what its layers' W_V did, so there is no widened
+    Transformer, and every run but the bank's own is another suite's. At the bpe scale (vocabulary 50,304) the
+    widened Transformer has the bank's parameters to within half a SwiGLU unit a layer."""
+    assert not any('ffn=' in label for label, _, _ in reproduce.suite_groups('value_bank', 'cpu'))
+    others = {name for suite in reproduce.SUITES if suite != 'value_bank'
+              for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337])}
+    new = [name for _, name, _ in reproduce.suite_runs('value_bank', 'cpu', [1337]) if name not in others]
+    assert len(new) == 4 and all('value_bank=True' in name for name in new)
+    groups = {label: settings for label, settings, _ in reproduce.suite_groups('value_bank', 'bpe')}
+    model_args = {f.name for f in dataclasses.fields(GPTConfig)}
+
+    def params(label):
+        settings = reproduce.SCALES['bpe'] | groups[label]
+        with torch.device('meta'):
+            model = GPT(GPTConfig(**{k: v for k, v in settings.items() if k in model_args}, vocab_size=50304))
+        return model.num_params()
+    for depth in (4, 8):
+        [wide] = [label for label in groups if label.startswith('vanilla ffn=') and label.endswith(f' L{depth}')]
+        bank, transformer = params(f'value_bank L{depth}'), params(f'vanilla L{depth}')
+        tables = depth - 2 * depth // 3  # each 50,304 x 128 with its γ_v, in place of a 128 x 128 W_V
+        assert bank - transformer == tables * ((50304 - 128) * 128 + 1)
+        assert abs(params(wide) - bank) <= 3 * 128 * depth / 2
+
+
+def test_value_bank_report_gives_kv_and_parameter_ratios(tmp_path):
+    """Beside each loss gap, the KV bytes and the parameters against the same-depth Transformer, as the summaries
+    have them."""
+    def make(label, settings):
+        depth = settings.get('n_layer', 4)
+        kv = (3 if 'value_bank' in label else 4) * 512 * depth // 4
+        loss = 2.0 - (0.05 if 'value_bank' in label else 0.0)
+        params = 1_000_000 + (5_000 if 'value_bank' in label else 0)
+        return summary(settings, loss, [[0, 4.0], [600, loss]], params, kv=kv)
+    write_summaries(tmp_path, 'value_bank', make)
+    report = reproduce.write_report('value_bank', 'cpu', [1337, 1338], tmp_path).read_text()
+    assert '| value_bank L8 | 0.750 | -0.0500 | 1.005 |' in report
+    assert '| svformer L4 | 1.000 | +0.0000 | 1.000 |' in report
+
+
+def test_bpe_scale_trains_what_config_small_value_bank_trains():
+    """config/small_value_bank.py (single runs with train.py) and the bpe scale (reproduce.py's seeded suite) are
+    the same runs: every setting the file sets is the scale's, and its widened Transformer is the suite's."""
+    path = REPO / 'config' / 'small_value_bank.py'
+    settings = configure(reproduce.SCALES['bpe'] | dict(variant='vanilla', value_bank=False), [str(path)], verbose=False)
+    assert {k: settings[k] for k in reproduce.SCALES['bpe']} == reproduce.SCALES['bpe']
+    assert settings['value_bank'] and settings['variant'] == 'vanilla'
+    widths = [reproduce.matched_ffn('bpe', n_layer, dict(value_bank=True)) for n_layer in (4, 8)]
+    assert re.findall(r'--ffn_hidden=(\d+)', path.read_text()) == [str(width) for width in widths[::-1]]
 
 
 def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tmp_path, monkeypatch, capsys):
