@@ -80,6 +80,7 @@ neutreno_lambda = 0.0  # NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n); 0 =
 denseformer = False  # DenseFormer baseline: each block's input a learned average of all earlier outputs
 share_kv = 'none'  # sharing across pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'
 value_embeds = False  # nanochat's value embeddings: every other layer adds a gated token table to its values
+value_bank = False  # Bank of Values (arXiv 2606.02780): the last third of the layers look values up in tables
 h0_residual = True  # False: block 1 drops its residual connection from H0 (Sec. 4.4's V2-source ablation)
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
 learning_rate = 2e-3
