@@ -70,7 +70,7 @@ windows = 'doc_start'  # 'doc_start': documents' starts, led by the separator; '
 num_seqs = 8  # validation windows to average over
 seq_len = 256  # tokens per window (at most the smallest block_size among the checkpoints)
 out = 'analysis'  # folder for metrics.json, metrics.csv and the plots
-device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
+device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 # -----------------------------------------------------------------------------

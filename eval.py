@@ -44,7 +44,7 @@ limit = None  # lm_eval's --limit: at most this many items per task (a float < 1
 num_fewshot = 0  # the paper reports zero-shot accuracy
 batch_size = 32  # token windows per forward pass
 max_gen_toks = 256  # tokens generated per request by generative tasks, unless the task sets it
-device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
 overwrite = False  # replace the results an earlier evaluation of this checkpoint left in out_dir

@@ -32,7 +32,7 @@ temperature = 0.8  # 1.0 = the model's distribution, < 1.0 = more conservative, 
 top_k = 200  # sample among the top_k most likely tokens only
 stop = ''  # end each sample before this text appears in what it generates ('' = never); EOT always ends one
 seed = 1337
-device = 'auto'  # 'auto' picks cuda, then mps, then cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 use_cache = True  # decode with the KV cache (False recomputes the whole context for every token)
 compile = False  # torch.compile the model: once for the prompt and once for single tokens, not per step
