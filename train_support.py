@@ -7,11 +7,13 @@ who came to see how the model trains: that reader can skip this file. train.py c
                                   what a kill left tidied, checkpoints written atomically, the log, and a line
                                   naming the last good checkpoint when a write fails
     check_resume                  a run continues only with the data and settings it was trained with
+    memory_error_in_one_line      a model too big for the device
     estimate_time                 what the run will cost, said before any long work
     NonFinite                     the NaN/inf stop
     StopSignals                   Ctrl-C or SIGTERM: a checkpoint at a step boundary, every rank stopping
                                   together and waiting for rank 0's save; errors as one line under torchrun
-    ddp_options, mfu_peak         DDP's gradient buckets, and the peak FLOP/s MFU compares against
+    micro_batches, ddp_options    each rank's share of a batch, DDP's gradient buckets
+    mfu_peak                      the peak FLOP/s that MFU compares against (support.PEAK_TFLOPS)
 """
 import contextlib
 import json
