@@ -14,7 +14,6 @@ time writes to it.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
-import inspect
 import math
 import os
 import sys
@@ -248,7 +247,7 @@ model = fast_model  # what the training step calls
 # compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
 if ddp:
     ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
-                    **train_support.ddp_options(raw_model, inspect.signature(DDP).parameters))
+                    **train_support.ddp_options(raw_model))
     model = torch.compile(ddp_model) if compiled else ddp_model
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = "

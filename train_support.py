@@ -16,6 +16,7 @@ who came to see how the model trains: that reader can skip this file. train.py c
     mfu_peak                      the peak FLOP/s that MFU compares against (support.PEAK_TFLOPS)
 """
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 from torch.distributed import barrier
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import support
 from model import GPT, GPTConfig
@@ -514,10 +516,9 @@ def micro_batches(global_batch, world_size, rank, batch_size):
             for i in range(0, share, batch_size)]
 
 
-def ddp_options(model, ddp_parameters):
-    """DDP's keyword arguments for model, given the parameters DDP takes: gradient_buckets, and buffers that
-    are never synced."""
-    return {**buffer_sync_off(ddp_parameters), **gradient_buckets(model)}
+def ddp_options(model):
+    """DDP's keyword arguments for model: gradient_buckets, and buffers that are never synced."""
+    return {**buffer_sync_off(inspect.signature(DDP).parameters), **gradient_buckets(model)}
 
 
 def buffer_sync_off(ddp_parameters):
