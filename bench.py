@@ -31,11 +31,13 @@ import tempfile
 import time
 from contextlib import nullcontext
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+import support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig, pick_device, pick_dtype
 
@@ -247,8 +249,6 @@ SHAPES = {
     '82m': (dict(n_layer=8, n_head=8, n_embd=512, vocab_size=50304), (2, 256), (16, 2048)),
     '468m': (dict(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304), (1, 256), (8, 2048)),
 }
-# dense bf16 TFLOP/s from the datasheets (as train.py's PEAK_TFLOPS), printed next to the measured matmul peak
-DATASHEET_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L40S': 362.0, 'A10G': 125.0, 'L4': 121.0}
 OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py', 'official resformer': 'modeling_llama_resformer.py',
                   'official svformer': 'modeling_llama_svformer.py'}
 
@@ -299,8 +299,11 @@ def adamw(model):
 
 
 def flops(non_embedding_params):
-    """Training FLOPs per token, the formula of model.flops_per_token (and nanoGPT's estimate_mfu): 6N + 12·L·d·T."""
-    return 6 * non_embedding_params + 12 * L * d * T
+    """Training FLOPs per token of a reference model with this many non-embedding weights at our shape,
+    counted by model.flops_per_token as ours are (6 per weight, plus causal attention): every row alike."""
+    counted = SimpleNamespace(config=SimpleNamespace(n_layer=L, n_embd=d),
+                              num_params=lambda exclude_embedding: non_embedding_params)
+    return GPT.flops_per_token(counted, T)
 
 
 # --------------------------------------------------------------------------- contenders
@@ -473,7 +476,8 @@ for r in range(rounds):
 trainers.clear()
 
 peak = mm_flop / min(mm_times)  # a peak is what the device can do: the fastest round
-datasheet = next((tf for gpu, tf in DATASHEET_TFLOPS.items() if device_type == 'cuda' and gpu in results['device_name']), 0)
+# the datasheet's dense bf16 peak (support.PEAK_TFLOPS, train.py's MFU peak), printed beside the measured one
+datasheet = support.PEAK_TFLOPS.get(results['device_name'], 0) if device_type == 'cuda' else 0
 results['matmul'] = {'what': mm_name, 'flops_per_s': peak, 'median_flops_per_s': mm_flop / statistics.median(mm_times),
                      'datasheet_bf16_flops_per_s': datasheet * 1e12 or None}
 results['train'] = []

@@ -1,6 +1,6 @@
 """
 Machinery the scripts share, the same on Linux, macOS and Windows: a lock that keeps one writer per folder,
-and argparse that reports a bad argument in one line.
+argparse that reports a bad argument in one line, and the GPUs' peak FLOP/s that MFU compares against.
 """
 import argparse
 import contextlib
@@ -8,6 +8,27 @@ import errno
 import os
 
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
+
+# One GPU's dense bf16 tensor-core peak in TFLOP/s, for train.py's MFU and beside bench.py's measured matmul
+# peak, by the exact name torch.cuda.get_device_name gives: the vendor's datasheet figure, which NVIDIA states
+# with 2:4 sparsity, halved. The exact name matters: an H100 PCIe or NVL has 76% or 84% of an SXM's peak, yet
+# all three names contain 'H100'. Not listed: no MFU unless train.py's --peak_tflops gives it. (Should an H200
+# NVL ever call itself plain 'NVIDIA H200', pass 835.5.)
+PEAK_TFLOPS = {
+    'NVIDIA H100 80GB HBM3': 1979 / 2,  # H100 SXM5 (H100 datasheet)
+    'NVIDIA H100 PCIe': 1513 / 2,
+    'NVIDIA H100 NVL': 1671 / 2,
+    'NVIDIA H200': 1979 / 2,  # H200 SXM (H200 datasheet)
+    'NVIDIA H200 NVL': 1671 / 2,
+    'NVIDIA GH200 480GB': 1979 / 2,  # GH200 datasheet
+    'NVIDIA A100-SXM4-40GB': 624 / 2, 'NVIDIA A100-SXM4-80GB': 624 / 2,  # A100 datasheet, every form factor
+    'NVIDIA A100-PCIE-40GB': 624 / 2, 'NVIDIA A100 80GB PCIe': 624 / 2,
+    'NVIDIA B200': 4500 / 2,  # HGX B200 datasheet, per GPU
+    'NVIDIA L40S': 362.05,  # L40S datasheet's dense figure (its sparse one, 733, is not quite twice it)
+    'NVIDIA L4': 242 / 2,  # L4 datasheet
+    'NVIDIA A10': 250 / 2,  # A10 datasheet
+    'NVIDIA GeForce RTX 4090': 330.4 / 2,  # Ada architecture whitepaper, bf16 with fp32 accumulation
+}
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import support
+import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig, load_checkpoint
 
@@ -776,7 +777,7 @@ def test_compiled_ddp_matches_one_compiled_process(workdir):
 def test_ddp_buckets_hold_about_one_block():
     """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few dozen
     pieces rather than hundreds, and gradients are views into them (no second copy)."""
-    gradient_buckets = train_function('gradient_buckets')
+    gradient_buckets = train_support.gradient_buckets
     for name in ('resformer_82m.py', 'resformer_1b6.py'):
         settings = configure(train_defaults(), [str(REPO / 'config' / name)], verbose=False)
         with torch.device('meta'):
@@ -788,7 +789,7 @@ def test_ddp_buckets_hold_about_one_block():
 
 def test_ddp_gets_the_buffer_keyword_its_torch_has():
     """forward_sync_buffers where DDP has it (recent torch), else broadcast_buffers (older torch)."""
-    buffer_sync_off = train_function('buffer_sync_off')
+    buffer_sync_off = train_support.buffer_sync_off
     assert buffer_sync_off(['module', 'device_ids', 'broadcast_buffers']) == {'broadcast_buffers': False}
     installed = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     assert buffer_sync_off(installed).keys() <= installed.keys()
@@ -796,7 +797,7 @@ def test_ddp_gets_the_buffer_keyword_its_torch_has():
 
 def test_every_config_splits_its_batch_over_2_4_8_ranks():
     """Each rank gets an equal, contiguous share of the global batch in micro-batches of at most batch_size."""
-    micro_batches = train_function('micro_batches')
+    micro_batches = train_support.micro_batches
     for path in sorted((REPO / 'config').glob('*.py')):
         settings = configure(train_defaults(), [str(path)], verbose=False)
         batch_size, global_batch = settings['batch_size'], settings['gradient_accumulation_steps'] * settings['batch_size']
@@ -808,15 +809,6 @@ def test_every_config_splits_its_batch_over_2_4_8_ranks():
             assert len({len(rank) for rank in ranks}) == 1  # every rank runs the same number of micro-batches
     with pytest.raises(SystemExit, match=r'^train.py: the global batch.* 12 sequences.*multiple of 8$'):
         micro_batches(12, 8, 0, 4)
-
-
-def train_function(name):
-    """One function of train.py, defined without running the script."""
-    tree = ast.parse((REPO / 'train.py').read_text())
-    node = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name)
-    namespace = {}
-    exec(compile(ast.Module([node], type_ignores=[]), 'train.py', 'exec'), namespace)
-    return namespace[name]
 
 
 def train_defaults():
