@@ -56,7 +56,7 @@ loop_iters = (100, 200)  # train.py runs this long; the difference in wall time 
 memory = True  # peak memory per preset, each in a fresh process
 nanogpt = ''  # path to a copy of nanoGPT's model.py ('' = skip its row)
 official = ''  # folder with the official modeling_llama_{baseline,resformer,svformer}.py ('' = skip)
-device = 'auto'  # 'auto' picks cuda, then mps, then cpu
+device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name)
 dtype = 'auto'  # as in train.py: bfloat16 on GPUs that have it, else float32
 compile = False  # torch.compile every training model (ours and the references)
 seed = 1337  # model weights, batches and prompts, alike for every contender
