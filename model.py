@@ -83,17 +83,14 @@ class GPTConfig:
     """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
     drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off.
-    Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head = n_head."""
     denseformer: bool = False
-    """DenseFormer baseline: after each block, a learned weighted average of the embedding
-    and all block outputs."""
+    """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
     value_embeds: bool = False
     """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
-    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head.
-    Not in the paper; for comparison."""
+    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head. Not in the paper."""
     value_bank: bool = False
     """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third (0-based layer >= 2·n_layer
     // 3) drops W_V and looks its values up in its own token table, V_n = γ_v E_n[token] (vocab x kv_dim;
@@ -745,14 +742,11 @@ def resolve_config(cfg):
         value = getattr(cfg, name)
         need(value is None or whole(value),
              f"{name} must be a positive integer (or None for the default), got {value!r}")
-    if cfg.n_kv_head is None:
-        cfg.n_kv_head = cfg.n_head
-    if cfg.ffn_hidden is None:
-        cfg.ffn_hidden = round(3.5 * cfg.n_embd)
-    need(finite(cfg.rope_theta) and cfg.rope_theta > 0,
-         f"rope_theta={cfg.rope_theta!r} must be a positive finite number")
-    need(finite(cfg.norm_eps) and cfg.norm_eps > 0,
-         f"norm_eps={cfg.norm_eps!r} must be a positive finite number")
+    cfg.n_kv_head = cfg.n_kv_head or cfg.n_head
+    cfg.ffn_hidden = cfg.ffn_hidden or round(3.5 * cfg.n_embd)
+    for name in ('rope_theta', 'norm_eps'):
+        value = getattr(cfg, name)
+        need(finite(value) and value > 0, f"{name}={value!r} must be a positive finite number")
     need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
     need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
     source = cfg.residual_source
@@ -789,6 +783,12 @@ def apply_variant(cfg):
         setattr(cfg, k, value)
 
 
+# the flags that name one of a few choices, and those choices
+CHOICES = dict(lambda_mode=('fixed', 'learnable', 'plus'), share_kv=('none', 'kv', 'k', 'v'),
+               residual_type=('value', 'query', 'key', 'attention', 'hidden'),
+               value_mapping=('current', 'first', 'identity'))
+
+
 def check_flags(cfg, need):
     """Combinations of flags that cannot work, each with a one-line reason."""
     s = cfg.residual_source
@@ -796,19 +796,14 @@ def check_flags(cfg, need):
     need((cfg.n_embd // cfg.n_head) % 2 == 0, f"head_dim={cfg.n_embd // cfg.n_head} must be even for RoPE")
     need(cfg.n_head % cfg.n_kv_head == 0,
          f"n_head={cfg.n_head} is not divisible by n_kv_head={cfg.n_kv_head}")
-    need(cfg.lambda_mode in ('fixed', 'learnable', 'plus'),
-         f"lambda_mode={cfg.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
-    need(cfg.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={cfg.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
-    need(cfg.residual_type in ('value', 'query', 'key', 'attention', 'hidden'),
-         f"residual_type={cfg.residual_type!r}; use 'value', 'query', 'key', 'attention' or 'hidden'")
-    need(cfg.value_mapping in ('current', 'first', 'identity'),
-         f"value_mapping={cfg.value_mapping!r}; use 'current', 'first' or 'identity'")
+    for name, choices in CHOICES.items():
+        value, (*others, last) = getattr(cfg, name), map(repr, choices)
+        need(value in choices, f"{name}={value!r}; use {', '.join(others)} or {last}")
     need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
          f"value_mapping={cfg.value_mapping!r} maps values, but residual_type={cfg.residual_type!r}; "
          "use residual_type='value'")
-    if cfg.neutreno_lambda:
-        need(cfg.n_kv_head == cfg.n_head,
-             "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    need(not cfg.neutreno_lambda or cfg.n_kv_head == cfg.n_head,
+         "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
     if cfg.value_embeds:
         lacking = [n + 1 for n in range(cfg.n_layer)
                    if cfg.has_value_embed(n) and (cfg.is_svformer_layer(n) or cfg.shares_prev(n, 'v'))]
@@ -819,9 +814,9 @@ def check_flags(cfg, need):
         need(cfg.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is layer 1, whose "
                                "values already depend on the token alone")
         both = [n for n in bank if cfg.has_value_embed(n - 1)]
-        need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; use one of "
-                       "them")
-        shared = [n + 1 for n in range(cfg.n_layer) if cfg.shares_prev(n, 'v') and n + 1 in bank]
+        need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; "
+                       "use one of them")
+        shared = [n for n in bank if cfg.shares_prev(n - 1, 'v')]
         need(not shared, f"share_kv={cfg.share_kv!r} makes layer(s) {shared} reuse the values of the layer "
                          f"before, but value_bank gives layers {bank[0]}-{bank[-1]} their own tables; "
                          "use share_kv='k' or 'none'")
@@ -844,25 +839,21 @@ def check_flags(cfg, need):
         raise ValueError(f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but SVFormer "
                          f"layer(s) {svformer} have none of their own (a fixed zero weight on V_n); give "
                          "them a weight on V_n in lambdas or drop value_bank")
-    if cfg.residual_type == 'value':
-        need(cfg.share_kv not in ('v', 'kv'),
-             f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
-             "(SVFormer already shares V1); use share_kv='k' or 'none'")
-    if cfg.residual_type == 'key':
-        need(cfg.share_kv not in ('k', 'kv'),
-             f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
-             "use share_kv='v' or 'none'")
+    need(cfg.residual_type != 'value' or cfg.share_kv not in ('v', 'kv'),
+         f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
+         "(SVFormer already shares V1); use share_kv='k' or 'none'")
+    need(cfg.residual_type != 'key' or cfg.share_kv not in ('k', 'kv'),
+         f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
+         "use share_kv='v' or 'none'")
     if cfg.lambda_mode == 'fixed' and (cfg.residual_type != 'value' or cfg.value_mapping != 'current'):
         need(all(b != 0 for _, b in cfg.lambdas[s + 1:]),
              "a zero weight on the layer's own term leaves its projections untrained with "
              f"residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the value "
              "residual (SVFormer) drops them")
-    if cfg.lambda_mode == 'plus':
-        need(all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
-             "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
-    if cfg.value_rescale:
-        need(all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
-             "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+    need(cfg.lambda_mode != 'plus' or all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
+         "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
+    need(not cfg.value_rescale or all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
+         "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
 
 
 def load_checkpoint(path, device='cpu'):
