@@ -260,26 +260,21 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns),
                          int(len(self.value_bank) > 0))
-        self.apply(self._init_weights)
+        for module in self.modules():  # the paper's (Hugging Face Llama's) init
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
         for i in self.value_embeds:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
             nn.init.uniform_(self.blocks[int(i)].attn.ve_gate.weight, 0.0, 0.02)
-        self.init_value_bank()
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)  # the paper's (Hugging Face Llama's) init
-
-    @torch.no_grad()
-    def init_value_bank(self):
-        """BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would
-        compute from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
-        projection, which it then leaves unused; our bank layers have none, so each draws one with the init
-        every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
-        so at step 0 a bank layer's values are exactly x0 W_V."""
-        x0 = F.rms_norm(self.wte.weight, (self.config.n_embd,), eps=self.config.norm_eps)
-        for table in self.value_bank.values():
-            w_v = x0.new_empty(table.embedding_dim, self.config.n_embd).normal_(mean=0.0, std=0.02)
-            table.weight.copy_(x0 @ w_v.T)
+        # BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would compute
+        # from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
+        # projection, which it then leaves unused; our bank layers have none, so each draws one with the init
+        # every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
+        # so at step 0 a bank layer's values are exactly x0 W_V.
+        with torch.no_grad():
+            x0 = F.rms_norm(self.wte.weight, (config.n_embd,), eps=config.norm_eps)
+            for table in self.value_bank.values():
+                w_v = x0.new_empty(table.embedding_dim, config.n_embd).normal_(mean=0.0, std=0.02)
+                table.weight.copy_(x0 @ w_v.T)
 
     def store_lambdas(self, config):
         """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
@@ -455,17 +450,18 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus causal
-        attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on average, and
-        a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half. nanoGPT's formula
-        (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no kernel does: at
-        65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly twice the MFU."""
+        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus
+        causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on
+        average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
+        nanoGPT's formula (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no
+        kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly
+        twice the MFU."""
         cfg = self.config
         return 6 * self.num_params(exclude_embedding=True) + 6 * cfg.n_layer * cfg.n_embd * seq_len
 
     def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
-        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under DDP,
-        the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
+        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under
+        DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=()):
@@ -860,9 +856,9 @@ def load_checkpoint(path, device='cpu'):
     """(model, checkpoint) from a checkpoint written by train.py;
     a missing or damaged file exits with one line."""
     try:
-        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about 20 GB
-        # with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows, which
-        # cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
+        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
+        # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
+        # which cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
         checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
@@ -893,7 +889,7 @@ def pick_device(device, needs_gpu=None):
     needs_gpu: why the job is too big for a CPU (train.py's full-scale runs), so that 'auto' stops rather than
     fall back to one: a CUDA wheel the driver is too old for looks like a machine without a GPU."""
     if device == 'auto':
-        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may well be faster
+        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may be faster
         if torch.cuda.is_available():
             return 'cuda'
         if needs_gpu:
