@@ -645,8 +645,7 @@ class KVCache:
         self.pos = 0  # positions already cached; the model advances it after each forward
 
     def store(self, slots, slot, new):
-        """Write new (B, heads, T, head_dim) entries at self.pos;
-        return everything cached for this slot so far."""
+        """Write new (B, heads, T, head_dim) entries at self.pos; return all this slot has cached so far."""
         B, H, T, D = new.shape
         if slots[slot] is None:
             slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
@@ -701,14 +700,13 @@ def variant_lambdas(variant, n_layer, source=0):
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]
     elif variant == 'resformer_sparse':
-        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5,
-        # the paper's best sparse setting)
+        # only the top 3/8 of the stack gets V1 (8 layers: 6-8 with λ1 = 5, the paper's best sparse setting)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
         # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond
-        # "stronger for higher layers", so we choose λ' = linspace(0, 1):
-        # the top layer starts with e times the bottom's weight.
+        # "stronger for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times
+        # the bottom's weight.
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -720,8 +718,7 @@ def variant_lambdas(variant, n_layer, source=0):
 
 
 def resolve_config(cfg):
-    """Fill in cfg's defaults, apply its named variant, and raise a one-line ValueError
-    for an impossible setting."""
+    """Fill in cfg's defaults, apply its named variant; a one-line ValueError for an impossible setting."""
     def need(ok, message):
         if not ok:
             raise ValueError(message)
@@ -853,8 +850,7 @@ def check_flags(cfg, need):
 
 
 def load_checkpoint(path, device='cpu'):
-    """(model, checkpoint) from a checkpoint written by train.py;
-    a missing or damaged file exits with one line."""
+    """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line."""
     try:
         # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
         # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
