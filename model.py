@@ -83,17 +83,14 @@ class GPTConfig:
     """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
     drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ (V1 - V'_n) for layers n > 1; 0 = off.
-    Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head = n_head."""
     denseformer: bool = False
-    """DenseFormer baseline: after each block, a learned weighted average of the embedding
-    and all block outputs."""
+    """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
     value_embeds: bool = False
     """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
-    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head.
-    Not in the paper; for comparison."""
+    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head. Not in the paper."""
     value_bank: bool = False
     """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third (0-based layer >= 2·n_layer
     // 3) drops W_V and looks its values up in its own token table, V_n = γ_v E_n[token] (vocab x kv_dim;
@@ -263,26 +260,21 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns),
                          int(len(self.value_bank) > 0))
-        self.apply(self._init_weights)
+        for module in self.modules():  # the paper's (Hugging Face Llama's) init
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
         for i in self.value_embeds:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
             nn.init.uniform_(self.blocks[int(i)].attn.ve_gate.weight, 0.0, 0.02)
-        self.init_value_bank()
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)  # the paper's (Hugging Face Llama's) init
-
-    @torch.no_grad()
-    def init_value_bank(self):
-        """BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would
-        compute from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
-        projection, which it then leaves unused; our bank layers have none, so each draws one with the init
-        every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
-        so at step 0 a bank layer's values are exactly x0 W_V."""
-        x0 = F.rms_norm(self.wte.weight, (self.config.n_embd,), eps=self.config.norm_eps)
-        for table in self.value_bank.values():
-            w_v = x0.new_empty(table.embedding_dim, self.config.n_embd).normal_(mean=0.0, std=0.02)
-            table.weight.copy_(x0 @ w_v.T)
+        # BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would compute
+        # from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
+        # projection, which it then leaves unused; our bank layers have none, so each draws one with the init
+        # every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
+        # so at step 0 a bank layer's values are exactly x0 W_V.
+        with torch.no_grad():
+            x0 = F.rms_norm(self.wte.weight, (config.n_embd,), eps=config.norm_eps)
+            for table in self.value_bank.values():
+                w_v = x0.new_empty(table.embedding_dim, config.n_embd).normal_(mean=0.0, std=0.02)
+                table.weight.copy_(x0 @ w_v.T)
 
     def store_lambdas(self, config):
         """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
@@ -458,17 +450,18 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus causal
-        attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on average, and
-        a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half. nanoGPT's formula
-        (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no kernel does: at
-        65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly twice the MFU."""
+        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus
+        causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on
+        average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
+        nanoGPT's formula (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no
+        kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly
+        twice the MFU."""
         cfg = self.config
         return 6 * self.num_params(exclude_embedding=True) + 6 * cfg.n_layer * cfg.n_embd * seq_len
 
     def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
-        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under DDP,
-        the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
+        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under
+        DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=()):
@@ -652,8 +645,7 @@ class KVCache:
         self.pos = 0  # positions already cached; the model advances it after each forward
 
     def store(self, slots, slot, new):
-        """Write new (B, heads, T, head_dim) entries at self.pos;
-        return everything cached for this slot so far."""
+        """Write new (B, heads, T, head_dim) entries at self.pos; return all this slot has cached so far."""
         B, H, T, D = new.shape
         if slots[slot] is None:
             slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
@@ -708,14 +700,13 @@ def variant_lambdas(variant, n_layer, source=0):
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]
     elif variant == 'resformer_sparse':
-        # only the top 3/8 of the stack gets V1 (8 layers: layers 6-8 with λ1 = 5,
-        # the paper's best sparse setting)
+        # only the top 3/8 of the stack gets V1 (8 layers: 6-8 with λ1 = 5, the paper's best sparse setting)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
         # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond
-        # "stronger for higher layers", so we choose λ' = linspace(0, 1):
-        # the top layer starts with e times the bottom's weight.
+        # "stronger for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times
+        # the bottom's weight.
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -727,8 +718,7 @@ def variant_lambdas(variant, n_layer, source=0):
 
 
 def resolve_config(cfg):
-    """Fill in cfg's defaults, apply its named variant, and raise a one-line ValueError
-    for an impossible setting."""
+    """Fill in cfg's defaults, apply its named variant; a one-line ValueError for an impossible setting."""
     def need(ok, message):
         if not ok:
             raise ValueError(message)
@@ -745,14 +735,11 @@ def resolve_config(cfg):
         value = getattr(cfg, name)
         need(value is None or whole(value),
              f"{name} must be a positive integer (or None for the default), got {value!r}")
-    if cfg.n_kv_head is None:
-        cfg.n_kv_head = cfg.n_head
-    if cfg.ffn_hidden is None:
-        cfg.ffn_hidden = round(3.5 * cfg.n_embd)
-    need(finite(cfg.rope_theta) and cfg.rope_theta > 0,
-         f"rope_theta={cfg.rope_theta!r} must be a positive finite number")
-    need(finite(cfg.norm_eps) and cfg.norm_eps > 0,
-         f"norm_eps={cfg.norm_eps!r} must be a positive finite number")
+    cfg.n_kv_head = cfg.n_kv_head or cfg.n_head
+    cfg.ffn_hidden = cfg.ffn_hidden or round(3.5 * cfg.n_embd)
+    for name in ('rope_theta', 'norm_eps'):
+        value = getattr(cfg, name)
+        need(finite(value) and value > 0, f"{name}={value!r} must be a positive finite number")
     need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
     need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
     source = cfg.residual_source
@@ -789,6 +776,12 @@ def apply_variant(cfg):
         setattr(cfg, k, value)
 
 
+# the flags that name one of a few choices, and those choices
+CHOICES = dict(lambda_mode=('fixed', 'learnable', 'plus'), share_kv=('none', 'kv', 'k', 'v'),
+               residual_type=('value', 'query', 'key', 'attention', 'hidden'),
+               value_mapping=('current', 'first', 'identity'))
+
+
 def check_flags(cfg, need):
     """Combinations of flags that cannot work, each with a one-line reason."""
     s = cfg.residual_source
@@ -796,19 +789,14 @@ def check_flags(cfg, need):
     need((cfg.n_embd // cfg.n_head) % 2 == 0, f"head_dim={cfg.n_embd // cfg.n_head} must be even for RoPE")
     need(cfg.n_head % cfg.n_kv_head == 0,
          f"n_head={cfg.n_head} is not divisible by n_kv_head={cfg.n_kv_head}")
-    need(cfg.lambda_mode in ('fixed', 'learnable', 'plus'),
-         f"lambda_mode={cfg.lambda_mode!r}; use 'fixed', 'learnable' or 'plus'")
-    need(cfg.share_kv in ('none', 'kv', 'k', 'v'), f"share_kv={cfg.share_kv!r}; use 'none', 'kv', 'k' or 'v'")
-    need(cfg.residual_type in ('value', 'query', 'key', 'attention', 'hidden'),
-         f"residual_type={cfg.residual_type!r}; use 'value', 'query', 'key', 'attention' or 'hidden'")
-    need(cfg.value_mapping in ('current', 'first', 'identity'),
-         f"value_mapping={cfg.value_mapping!r}; use 'current', 'first' or 'identity'")
+    for name, choices in CHOICES.items():
+        value, (*others, last) = getattr(cfg, name), map(repr, choices)
+        need(value in choices, f"{name}={value!r}; use {', '.join(others)} or {last}")
     need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
          f"value_mapping={cfg.value_mapping!r} maps values, but residual_type={cfg.residual_type!r}; "
          "use residual_type='value'")
-    if cfg.neutreno_lambda:
-        need(cfg.n_kv_head == cfg.n_head,
-             "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+    need(not cfg.neutreno_lambda or cfg.n_kv_head == cfg.n_head,
+         "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
     if cfg.value_embeds:
         lacking = [n + 1 for n in range(cfg.n_layer)
                    if cfg.has_value_embed(n) and (cfg.is_svformer_layer(n) or cfg.shares_prev(n, 'v'))]
@@ -819,9 +807,9 @@ def check_flags(cfg, need):
         need(cfg.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is layer 1, whose "
                                "values already depend on the token alone")
         both = [n for n in bank if cfg.has_value_embed(n - 1)]
-        need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; use one of "
-                       "them")
-        shared = [n + 1 for n in range(cfg.n_layer) if cfg.shares_prev(n, 'v') and n + 1 in bank]
+        need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; "
+                       "use one of them")
+        shared = [n for n in bank if cfg.shares_prev(n - 1, 'v')]
         need(not shared, f"share_kv={cfg.share_kv!r} makes layer(s) {shared} reuse the values of the layer "
                          f"before, but value_bank gives layers {bank[0]}-{bank[-1]} their own tables; "
                          "use share_kv='k' or 'none'")
@@ -844,34 +832,29 @@ def check_flags(cfg, need):
         raise ValueError(f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but SVFormer "
                          f"layer(s) {svformer} have none of their own (a fixed zero weight on V_n); give "
                          "them a weight on V_n in lambdas or drop value_bank")
-    if cfg.residual_type == 'value':
-        need(cfg.share_kv not in ('v', 'kv'),
-             f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
-             "(SVFormer already shares V1); use share_kv='k' or 'none'")
-    if cfg.residual_type == 'key':
-        need(cfg.share_kv not in ('k', 'kv'),
-             f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
-             "use share_kv='v' or 'none'")
+    need(cfg.residual_type != 'value' or cfg.share_kv not in ('v', 'kv'),
+         f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
+         "(SVFormer already shares V1); use share_kv='k' or 'none'")
+    need(cfg.residual_type != 'key' or cfg.share_kv not in ('k', 'kv'),
+         f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
+         "use share_kv='v' or 'none'")
     if cfg.lambda_mode == 'fixed' and (cfg.residual_type != 'value' or cfg.value_mapping != 'current'):
         need(all(b != 0 for _, b in cfg.lambdas[s + 1:]),
              "a zero weight on the layer's own term leaves its projections untrained with "
              f"residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the value "
              "residual (SVFormer) drops them")
-    if cfg.lambda_mode == 'plus':
-        need(all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
-             "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
-    if cfg.value_rescale:
-        need(all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
-             "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+    need(cfg.lambda_mode != 'plus' or all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
+         "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
+    need(not cfg.value_rescale or all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
+         "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
 
 
 def load_checkpoint(path, device='cpu'):
-    """(model, checkpoint) from a checkpoint written by train.py;
-    a missing or damaged file exits with one line."""
+    """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line."""
     try:
-        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about 20 GB
-        # with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows, which
-        # cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
+        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
+        # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
+        # which cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
         checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
@@ -902,7 +885,7 @@ def pick_device(device, needs_gpu=None):
     needs_gpu: why the job is too big for a CPU (train.py's full-scale runs), so that 'auto' stops rather than
     fall back to one: a CUDA wheel the driver is too old for looks like a machine without a GPU."""
     if device == 'auto':
-        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may well be faster
+        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may be faster
         if torch.cuda.is_available():
             return 'cuda'
         if needs_gpu:
