@@ -148,8 +148,8 @@ def suite_groups(suite, scale):
 
 
 def at_two_depths(scale, groups):
-    """The scale's depth and the paper's 8 layers (DEPTH's shape; once where the scale has 8), each group paired
-    with the Transformer of its depth: groups(n_layer) gives [(label, settings)]."""
+    """The scale's depth and the paper's 8 layers (DEPTH's shape; once where the scale has 8), each group
+    paired with the Transformer of its depth: groups(n_layer) gives [(label, settings)]."""
     base = SCALES[scale]
     depths = [(base['n_layer'], {})] + ([(8, DEPTH[scale])] if base['n_layer'] != 8 else [])
     return [(f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}')
@@ -642,7 +642,7 @@ def grad_rows(groups):
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
     return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and "
             "over every logged step (every log_interval steps), then over the first and the last quarter of "
-            "those steps alone (the paper: about 2× for layer 1's W_V and 1.5× for W_O).", '',
+            "those steps alone (the paper, second-hand: about 2× for layer 1's W_V and 1.5× for W_O).", '',
             "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | "
             "W_V, last quarter | W_O, first quarter | W_O, last quarter |",
             '|---|---|---|---|---|---|---|---|'] + rows
