@@ -183,6 +183,15 @@ def load_models(run_args):
     return models
 
 
+def mean_domain_losses(checkpoints):
+    """{domain: loss}, the mean over checkpoints of train.py's last per-domain validation (SlimPajama's 7
+    domains, whose unweighted mean is val_loss, the paper's); None unless every checkpoint has one."""
+    scored = [c.get('last_eval', {}).get('val_loss_domains') for c in checkpoints]
+    if not scored or not all(scored):
+        return None
+    return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
+
+
 def vocabulary(meta):
     return meta['tokenizer'], meta['vocab_size'], meta.get('chars')
 
@@ -369,8 +378,12 @@ def main(run_args):
         mean, std = summarize([per_run[path] for path in paths])
         groups[label] = {'variant': model.config.variant, 'n_layer': model.config.n_layer,
                          'iter_num': checkpoint.get('iter_num'), 'runs': paths, 'mean': mean, 'std': std,
-                         'per_run': {path: per_run[path] for path in paths}}
+                         'per_run': {path: per_run[path] for path in paths},
+                         'val_loss_domains': mean_domain_losses([models[path][1] for path in paths])}
         print_table(label, groups[label])
+        if groups[label]['val_loss_domains']:
+            print("val loss by domain at the checkpoint (train.py's last evaluation, mean over runs): "
+                  + ', '.join(f"{d} {v:.4f}" for d, v in groups[label]['val_loss_domains'].items()))
     print(f"(entropy is at most ln {length} = {math.log(length):.4f})")
     write_files(groups, {'data_dir': data_dir, 'split': 'val', 'windows': windows, 'seq_len': length,
                          'offsets': starts})

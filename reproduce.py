@@ -366,6 +366,9 @@ def summarize(run_dir, settings, seconds):
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
             'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
             'lambdas': lambdas[-1] if lambdas else None,
+            # SlimPajama's 7 domains scored one by one (val_loss is their unweighted mean); None for one corpus
+            'final_val_loss_domains': next((r['val_loss_domains'] for r in reversed(records)
+                                            if 'val_loss_domains' in r), None),
             'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]}
                                if grads else None,
             # layer 1's W_V and W_O at every logged step, for the ratios early and late in training
@@ -572,6 +575,22 @@ def lambda_rows(groups):
     return ['', "Final λ per layer (weight on V1, weight on V_n), mean over seeds:", '',
             '| group | ' + ' | '.join(f'layer {i + 1}' for i in range(n)) + ' |',
             '|---' * (n + 1) + '|'] + rows
+
+
+def domain_rows(groups):
+    """Each group's final validation loss per domain (SlimPajama: the paper reports their unweighted mean,
+    val_loss), mean over seeds; nothing for single-corpus runs."""
+    rows, domains = [], None
+    for label, group in groups.items():
+        scored = [r['final_val_loss_domains'] for r in group['runs'] if r.get('final_val_loss_domains')]
+        if scored:
+            domains = domains or sorted(scored[0])
+            rows.append(f"| {label} | " + ' | '.join(f"{sum(s[d] for s in scored) / len(scored):.4f}"
+                                                   for d in domains) + ' |')
+    if not rows:
+        return []
+    return ['', "Final validation loss per domain, mean over seeds (the table's loss is their unweighted mean):",
+            '', '| group | ' + ' | '.join(domains) + ' |', '|---' * (len(domains) + 1) + '|'] + rows
 
 
 def scaling_rows(groups):
@@ -810,6 +829,7 @@ def write_report(suite, scale, seeds, results_dir):
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += lambda_rows(groups)
+    lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
              'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows}
     lines += extra.get(suite, lambda g: [])(groups)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import prepare
 
-from analyze import importance_entropy, layer_metrics, mean_cosine_similarity, sublayer_losses, token_norms
+from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses, sublayer_losses,
+                     token_norms)
 from model import GPT, GPTConfig, load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 
@@ -373,3 +374,12 @@ def test_a_relative_data_dir_is_found_from_another_folder(runs, tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / 'out' / 'metrics.json').read_text())['data_dir'] == os.path.join(
         HERE, checkpoint['config']['data_dir'])
+
+
+def test_domain_losses_are_the_mean_over_checkpoints_or_none():
+    """SlimPajama checkpoints carry train.py's last per-domain validation: analyze.py reports its mean over a
+    group's runs; a group with any single-corpus checkpoint gets none."""
+    scored = [{'last_eval': {'val_loss_domains': {'C4': 3.0, 'Github': 1.0}}},
+              {'last_eval': {'val_loss_domains': {'C4': 2.0, 'Github': 2.0}}}]
+    assert mean_domain_losses(scored) == {'C4': 2.5, 'Github': 1.5}
+    assert mean_domain_losses(scored + [{'iter_num': 3}]) is None

@@ -365,3 +365,14 @@ def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypa
     (tmp_path / 'depth' / 'analysis' / 'metrics.json').write_text('{}')
     reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
     assert len(calls) == 1
+
+
+def test_per_domain_losses_get_a_table_and_single_corpus_runs_none():
+    """SlimPajama runs log each domain's loss: the report gives their mean over seeds per group; runs on one
+    corpus (every CPU suite) add no table."""
+    run = lambda domains: {'final_val_loss_domains': domains}
+    groups = {'vanilla': {'runs': [run({'C4': 3.0, 'Github': 1.0}), run({'C4': 3.5, 'Github': 2.0})]},
+              'resformer_identity': {'runs': [run(None)]}}
+    rows = reproduce.domain_rows(groups)
+    assert rows[-1] == '| vanilla | 3.2500 | 1.5000 |' and '| group | C4 | Github |' in rows
+    assert reproduce.domain_rows({'vanilla': {'runs': [run(None)]}}) == []
