@@ -21,7 +21,7 @@ Arguments are applied left to right, so later ones win:
   - `--key=value` sets one key; the value is a Python literal (`4`, `0.1`, `True`, `[[0, 1], [0.5, 0.5]]`).
     A str setting takes the text as typed, so `--init_from=resume` needs no quotes.
   - `--help` or `-h` prints every setting with its default and comment, grouped by the script's own
-    comment lines, and exits.
+    comment lines, and exits. A setting's comment may go on below it, on lines starting `#   `.
 Each value must fit the type of its default (an int is fine for a float, never the reverse). A setting
 whose default is None takes None or the type given for it in `types` (any literal if none is given).
 Any mistake stops the program with one line that starts with "config error".
@@ -197,15 +197,16 @@ def _settings_layout(source, defaults):
                 assigned.setdefault(node.targets[0].id, (node.lineno, node.end_lineno))
     if not assigned:
         return []
-    comments = {}  # line -> (text, whole line?)
+    comments = {}  # line -> (text, whole line?, continues the comment above: "#   " indented)
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             text = token.string.lstrip('#').strip()
-            comments[token.start[0]] = (text, not token.line[:token.start[1]].strip())
+            comments[token.start[0]] = (text, not token.line[:token.start[1]].strip(),
+                                        token.string.startswith('#   '))
 
     def heading(line):
-        text, whole_line = comments.get(line, ('', False))
-        return whole_line and text.strip('-') != ''  # a line of dashes separates, it heads nothing
+        text, whole_line, continuation = comments.get(line, ('', False, False))
+        return whole_line and not continuation and text.strip('-') != ''  # dashes separate, heading nothing
 
     first = min(start for start, _ in assigned.values())
     while heading(first - 1):  # the comment lines right above the first setting head it
@@ -217,8 +218,12 @@ def _settings_layout(source, defaults):
         if line in starts:
             key = starts[line]
             start, end = assigned[key]
-            comment = comments.get(end, comments.get(start, ('', True)))
-            entries.append((key, '' if comment[1] else comment[0]))
+            text, whole_line, _ = comments.get(end, comments.get(start, ('', True, False)))
+            text = '' if whole_line else text
+            while text and comments.get(end + 1, ('', False, False))[2]:  # a long comment goes on below
+                end += 1
+                text += ' ' + comments[end][0]
+            entries.append((key, text))
         elif heading(line):
             entries.append(comments[line][0])
     return entries

@@ -237,7 +237,8 @@ from configurator import configure
 out_dir = 'out'  # where the run goes
 log_interval = 10
 # model: the shape
-n_layer = 12  # transformer blocks
+n_layer = 12  # transformer blocks,
+#   each a block
 n_kv_head = None  # None = n_head
 betas = (0.9,
          0.95)  # AdamW
@@ -258,7 +259,7 @@ I/O
   --log_interval=10
 
 model: the shape
-  --n_layer=12            transformer blocks
+  --n_layer=12            transformer blocks, each a block
   --n_kv_head=None (int)  None = n_head
   --betas=(0.9, 0.95)     AdamW
 '''

@@ -55,7 +55,8 @@ batch_size = 16  # sequences, whatever the number of ranks
 micro_batch_size = None  # most sequences one pass takes; None = batch_size. Lower it to fit memory: same step
 block_size = 128  # tokens per sequence: the context length T
 # model: see GPTConfig in model.py for what each flag means
-variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer, resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
+variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer,
+#   resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
 n_layer = 4  # transformer blocks
 n_head = 4  # query heads; head_dim = n_embd / n_head
 n_kv_head = None  # key/value heads: None = n_head (MHA), fewer = GQA, 1 = MQA
