@@ -1087,8 +1087,11 @@ def test_model_py_alone_builds_trains_and_generates(tmp_path):
     out = json.loads(result.stdout)
     assert math.isfinite(out['loss']) and out['all_trained']
     assert Path(out['model_file']).parent == tmp_path
-    repo = str(source.parent)
-    assert not any(entry in ('', repo) or entry.startswith(repo + '/') for entry in out['path'][1:]), out['path']
-    assert not any(f.startswith(repo + '/') for f in out['files'])  # nothing of this project was imported
+    repo, env = str(source.parent), sys.prefix  # the venv may live in the repository (the README puts it there)
+
+    def inside(path):
+        return path.startswith(repo + '/') and not path.startswith(env + '/')
+    assert not any(entry in ('', repo) or inside(entry) for entry in out['path'][1:]), out['path']
+    assert not any(inside(f) for f in out['files'])  # nothing of this project was imported
     assert out['cached'] == out['plain'] and len(out['cached'][0]) == 10 and all(row[:4] == p for row, p in
                                                                                 zip(out['cached'], out['prompt']))
