@@ -83,7 +83,8 @@ class GPTConfig:
     """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
     drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off.
+    Needs n_kv_head = n_head."""
     denseformer: bool = False
     """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
@@ -451,11 +452,11 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus
-        causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2 on
-        average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
-        nanoGPT's formula (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work no
-        kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term, nearly
-        twice the MFU."""
+        causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2
+        on average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
+        nanoGPT's formula (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work
+        no kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term,
+        nearly twice the MFU."""
         cfg = self.config
         return 6 * self.num_params(exclude_embedding=True) + 6 * cfg.n_layer * cfg.n_embd * seq_len
 

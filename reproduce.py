@@ -367,7 +367,7 @@ def summarize(run_dir, settings, seconds):
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
             'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
             'lambdas': lambdas[-1] if lambdas else None,
-            # SlimPajama's 7 domains scored one by one (val_loss is their unweighted mean); None for one corpus
+            # SlimPajama's 7 domains scored one by one (val_loss is their unweighted mean); None: one corpus
             'final_val_loss_domains': next((r['val_loss_domains'] for r in reversed(records)
                                             if 'val_loss_domains' in r), None),
             'mean_grad_norms': {k: sum(g[k] for g in grads) / len(grads) for k in grads[0]}
@@ -590,7 +590,8 @@ def domain_rows(groups):
                                                    for d in domains) + ' |')
     if not rows:
         return []
-    return ['', "Final validation loss per domain, mean over seeds (the table's loss is their unweighted mean):",
+    return ['', "Final validation loss per domain, mean over seeds (the table's loss is their unweighted "
+            "mean):",
             '', '| group | ' + ' | '.join(domains) + ' |', '|---' * (len(domains) + 1) + '|'] + rows
 
 

@@ -81,8 +81,9 @@ if start.startswith('FILE:'):
     try:
         # as in prepare.py, pipes and devices are not read: opening a pipe that has no writer never returns
         if not stat.S_ISREG(os.stat(start[5:]).st_mode):
-            raise SystemExit(f"sample.py: the prompt file {start[5:]} is not a regular file (a pipe or device "
-                             f"may wait forever for a writer); save the prompt to a file, or pass --start=TEXT")
+            raise SystemExit(f"sample.py: the prompt file {start[5:]} is not a regular file (a pipe or "
+                             f"device may wait forever for a writer); save the prompt to a file, or pass "
+                             f"--start=TEXT")
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
     except OSError as e:
