@@ -499,6 +499,8 @@ class AblationAttention(nn.Module):
     heads, project_out = CausalSelfAttention.heads, CausalSelfAttention.project_out  # the same, not a copy
 
     def __init__(self, config, layer):
+        # opens as CausalSelfAttention.__init__ does, but creates only the projections it keeps: building that
+        # class first would draw other initial weights, and every model with an ablation would change
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
