@@ -13,18 +13,9 @@
 #   python train.py config/small_value_bank.py --variant=resformer_identity --out_dir=out/bpe_value_bank_resformer
 #   python train.py config/small_value_bank.py --value_bank=False --ffn_hidden=8811 --out_dir=out/bpe_vanilla_wide
 # Prepare the data first: python prepare.py --tokenizer=gpt2
-dataset = 'shakespeare_gpt2'
+import os
+exec(open(os.path.join(os.path.dirname(__file__), 'small_svformer.py')).read())  # its data and shape
 variant = 'vanilla'
 value_bank = True
-n_layer = 4
-n_head = 4
-n_embd = 128
-block_size = 128
-batch_size = 8
-max_iters = 300
-lr_decay_iters = 300
-warmup_iters = 30
-learning_rate = 2e-3
-min_lr = 2e-4
 eval_interval = 50
 eval_iters = 20
