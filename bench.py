@@ -1,8 +1,8 @@
 """
-What each variant costs, measured here: training step time against vanilla, model FLOP/s against this machine's
-own matmul peak (and against nanoGPT's and the official code's models at the same shape), decoding speed with
-the KV cache against full recompute, KV cache bytes, and peak memory. Every contender lives in this one process
-and they take turns, round by round, so noise from the machine hits them all alike.
+What each variant costs, measured here: training step time against vanilla, model FLOP/s against this
+machine's own matmul peak (and against nanoGPT's and the official code's models at the same shape), decoding
+speed with the KV cache against full recompute, KV cache bytes, and peak memory. Every contender lives in this
+one process and they take turns, round by round, so noise from the machine hits them all alike.
 
     python bench.py                              # train.py's default shape (the README's main job), CPU or CUDA
     python bench.py --shape=82m                  # the paper's 82M model
@@ -13,9 +13,9 @@ and they take turns, round by round, so noise from the machine hits them all ali
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
 per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
-nanoGPT's model.py (github.com/karpathy/nanoGPT) and the official modeling_llama_{baseline,resformer,svformer}.py
-(github.com/Zcchill/Value-Residual-Learning, src/modeling; they need transformers==4.44.2). Rows whose files or
-packages are missing are skipped with a note.
+nanoGPT's model.py (github.com/karpathy/nanoGPT) and the official
+modeling_llama_{baseline,resformer,svformer}.py (github.com/Zcchill/Value-Residual-Learning, src/modeling;
+they need transformers==4.44.2). Rows whose files or packages are missing are skipped with a note.
 """
 import importlib.util
 import itertools
@@ -49,7 +49,8 @@ presets = 'all'  # comma-separated names from model.VARIANTS, or 'all'; vanilla 
 rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
-decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt); () = skip
+decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt);
+                             # () = skip
 decode_rounds = 3  # rounds of every (variant, length, cached/recompute) decode; the table gives medians
 loop_rounds = 2  # train.py runs per length for the training-loop throughput (0 = skip)
 loop_iters = (100, 200)  # train.py runs this long; the difference in wall time is the cost of the extra steps
@@ -70,9 +71,11 @@ node_iters = 10  # steps of the straight run; a second run stops halfway, resume
 train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = [arg + '=True' if arg in ('--smoke', '--node_check') else arg for arg in sys.argv[1:]]  # flags, no value
+argv = [arg + '=True' if arg in ('--smoke', '--node_check') else arg
+        for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
-    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = 1, 1, 1, (2, 4), 1, 0, (1, 2)
+    rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
+        1, 1, 1, (2, 4), 1, 0, (1, 2))
     batch_size, block_size = 2, 32
 globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr))
 SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
@@ -91,14 +94,15 @@ TIMING_KEYS = ('tokens_per_sec', 'mfu', 'peak_memory_gib')  # log fields that tw
 
 
 def write_synthetic_data(folder):
-    """Uniform random GPT-2 token ids, laid out as prepare.py lays out a prepared folder: train.bin and val.bin
-    (uint16), then meta.json, last, each swapped in whole. The validation split holds 16 batches of 32 x 2048
-    (or 1 x 65,536) tokens, the check evaluates one."""
+    """Uniform random GPT-2 token ids, laid out as prepare.py lays out a prepared folder: train.bin and
+    val.bin (uint16), then meta.json, last, each swapped in whole. The validation split holds 16 batches of
+    32 x 2048 (or 1 x 65,536) tokens, the check evaluates one."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     files = {'train.bin': rng.integers(GPT2_VOCAB, size=2 ** 22, dtype=np.uint16),
              'val.bin': rng.integers(GPT2_VOCAB, size=2 ** 20, dtype=np.uint16)}
-    meta = {'tokenizer': 'gpt2', 'vocab_size': GPT2_VOCAB, 'files': {name: len(a) for name, a in files.items()},
+    meta = {'tokenizer': 'gpt2', 'vocab_size': GPT2_VOCAB,
+            'files': {name: len(a) for name, a in files.items()},
             'max_token': max(int(a.max()) for a in files.values()),
             'source': 'synthetic: uniform random token ids (bench.py --node_check)'}
     for name, tokens in [*files.items(), ('meta.json', json.dumps(meta, indent=1).encode())]:
@@ -130,9 +134,11 @@ def launch(name, ranks, args):
     if run.returncode:
         lines = run.stdout.splitlines()
         print('\n'.join(lines[-25:]), file=sys.stderr)
-        # train.py's one-line error: printed by the rank, or in torchrun's summary, whose root cause comes last
+        # train.py's one-line error: printed by the rank, or
+        # in torchrun's summary, whose root cause comes last
         root = next((i for i, line in enumerate(lines) if line.startswith('Root Cause')), 0)
-        said = [line[line.index('train.py: '):] for line in lines[root:] + lines[:root] if 'train.py: ' in line]
+        said = [line[line.index('train.py: '):] for line in lines[root:] + lines[:root]
+                if 'train.py: ' in line]
         raise SystemExit(f"bench.py: node check: the {name} run failed with exit status {run.returncode} "
                          f"({said[0] if said else 'its last lines are above'})")
     print(f"  took {time.perf_counter() - began:.1f} s, start-up, any compiling and checkpoints included",
@@ -145,10 +151,10 @@ def log_records(out_dir):
 
 
 def compare_resume(straight_dir, resumed_dir, stopped_at):
-    """A line on whether the resumed run ended as the straight one, and whether that is a failure. Both draw the
-    same batches, so on deterministic kernels their logs (timing aside) and weights are equal bit for bit. On
-    some GPU kernels (flash attention's backward adds in no fixed order) two runs drift apart from the first
-    step, resumed or not: the steps before the stop, which both ran alike, tell the two cases apart."""
+    """A line on whether the resumed run ended as the straight one, and whether that is a failure. Both draw
+    the same batches, so on deterministic kernels their logs (timing aside) and weights are equal bit for bit.
+    On some GPU kernels (flash attention's backward adds in no fixed order) two runs drift apart from the
+    first step, resumed or not: the steps before the stop, which both ran alike, tell the two cases apart."""
     straight, resumed = ([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log_records(d)]
                          for d in (straight_dir, resumed_dir))
     weights = [torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', mmap=True,
@@ -172,8 +178,8 @@ def compare_resume(straight_dir, resumed_dir, stopped_at):
 
 def check_node():
     if not torch.distributed.is_available():
-        raise SystemExit("bench.py: this torch has no torch.distributed, so no torchrun; install a build with "
-                         "it (pytorch.org's Linux wheels have it)")
+        raise SystemExit("bench.py: this torch has no torch.distributed, so no torchrun; install a build "
+                         "with it (pytorch.org's Linux wheels have it)")
     if not os.path.isfile(node_config):
         raise SystemExit(f"bench.py: node_config={node_config!r} not found; name a config file, "
                          f"e.g. config/resformer_82m.py")
@@ -181,12 +187,12 @@ def check_node():
         raise SystemExit(f"bench.py: node_iters={node_iters}; use 2 or more (a run stops halfway to resume)")
     if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
         raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
-                         "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with "
-                         "a tiny shape (docs/training.md, 'Checking a node')")
+                         "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
+                         "with a tiny shape (docs/training.md, 'Checking a node')")
     kind = pick_device(device).split(':')[0]  # each rank takes its own GPU
     if kind not in ('cuda', 'cpu'):
-        raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try it, "
-                         f"on the CPU (gloo)")
+        raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try "
+                         f"it, on the CPU (gloo)")
     precision = pick_dtype(dtype, kind)
     gpus = torch.cuda.device_count() if kind == 'cuda' else 0
     ranks = nproc or gpus or 1
@@ -196,17 +202,19 @@ def check_node():
     if ranks < 1:
         raise SystemExit(f"bench.py: nproc={nproc}; use 1 or more ranks, or 0 for one per GPU")
     if gpus and ranks > gpus:
-        raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, or 0 for all")
+        raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, "
+                         f"or 0 for all")
     estimate = memory_estimate(node_config)
     write_synthetic_data(os.path.join('data', NODE_DATA))
     half = node_iters // 2
     straight_dir, resumed_dir = (os.path.join('out', 'node_check', name) for name in ('straight', 'resumed'))
-    # every step logged; one validation batch, at the start, where the second run stops (so that both runs have
-    # the same best_val_loss there) and at the end
+    # every step logged; one validation batch, at the start, where the second run stops (so that both runs
+    # have the same best_val_loss there) and at the end
     common = [node_config, f'--dataset={NODE_DATA}', f'--device={kind}', f'--dtype={precision}',
               '--log_interval=1', '--eval_iters=1', f'--eval_interval={half}', *shlex.split(train_args)]
     print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
-          f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}", flush=True)
+          f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
+          flush=True)
     launch('straight', ranks, [*common, f'--out_dir={straight_dir}', f'--max_iters={node_iters}',
                                '--overwrite=True'])
     launch('first half', ranks, [*common, f'--out_dir={resumed_dir}', f'--max_iters={half}',
@@ -243,22 +251,25 @@ if node_check:
     check_node()
     raise SystemExit(0)
 
-# model shape, then (batch, T) on a CPU and on a GPU; 'small' is train.py's defaults (84 characters padded to 128)
+# model shape, then (batch, T) on a CPU and on a GPU; 'small'
+# is train.py's defaults (84 characters padded to 128)
 SHAPES = {
     'small': (dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128), (16, 128), (16, 128)),
     '82m': (dict(n_layer=8, n_head=8, n_embd=512, vocab_size=50304), (2, 256), (16, 2048)),
     '468m': (dict(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304), (1, 256), (8, 2048)),
 }
-OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py', 'official resformer': 'modeling_llama_resformer.py',
+OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py',
+                  'official resformer': 'modeling_llama_resformer.py',
                   'official svformer': 'modeling_llama_svformer.py'}
 
 if shape not in SHAPES:
     raise SystemExit(f"bench.py: shape={shape!r}; use one of {', '.join(SHAPES)}")
-names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
+names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',')
+                                                               if p != 'vanilla']
 if unknown := [p for p in names if p not in VARIANTS]:
     raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1), ('warmup', warmup, 0),
-          ('loop_rounds', loop_rounds, 0))
+counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1),
+          ('warmup', warmup, 0), ('loop_rounds', loop_rounds, 0))
 if too_low := [f"{name}={value}" for name, value, least in counts if value < least]:
     raise SystemExit(f"bench.py: {', '.join(too_low)}; rounds, steps and decode_rounds take at least 1, "
                      "warmup and loop_rounds at least 0")
@@ -317,12 +328,13 @@ def ours(variant):
 
 
 def nanogpt_model():
-    """nanoGPT's GPT-2: LayerNorm, GELU MLP of 4d, learned positions, tied embeddings, no biases, at our shape."""
+    """nanoGPT's GPT-2: LayerNorm, GELU MLP of 4d, learned positions, tied embeddings, no biases,
+    at our shape."""
     module = load_module('nanogpt_model', nanogpt)
 
     def build():
-        model = module.GPT(module.GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=d, dropout=0.0,
-                                            bias=False)).to(device)
+        model = module.GPT(module.GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=d,
+                                            dropout=0.0, bias=False)).to(device)
         return model, lambda m, x, y: m(x, y)[1], adamw(model), flops(model.get_num_params())  # wpe left out
     return 'nanoGPT', build
 
@@ -332,15 +344,18 @@ def official_model(name, path):
     files have eager attention (and flash_attention_2 on CUDA with flash-attn installed), no SDPA."""
     module = load_module(name.replace(' ', '_'), path)
     from transformers import LlamaConfig
-    attn = 'flash_attention_2' if device_type == 'cuda' and importlib.util.find_spec('flash_attn') else 'eager'
+    attn = ('flash_attention_2' if device_type == 'cuda' and importlib.util.find_spec('flash_attn')
+            else 'eager')
 
     def build():
-        config = LlamaConfig(vocab_size=V, hidden_size=d, intermediate_size=round(3.5 * d), num_hidden_layers=L,
-                             num_attention_heads=H, num_key_value_heads=H, max_position_embeddings=T, rms_norm_eps=1e-5,
-                             tie_word_embeddings=False, use_cache=False, attn_implementation=attn)
+        config = LlamaConfig(vocab_size=V, hidden_size=d, intermediate_size=round(3.5 * d),
+                             num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=H,
+                             max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                             use_cache=False, attn_implementation=attn)
         model = module.LlamaForCausalLM(config).to(device)
         n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
-        # it shifts the labels itself, so x serves as labels: a loss over T - 1 positions, as good as T for timing
+        # it shifts the labels itself, so x serves as labels:
+        # a loss over T - 1 positions, as good as T for timing
         return model, lambda m, x, y: m(input_ids=x, labels=x).loss, adamw(model), flops(n)
     return f'{name} ({attn})', build
 
@@ -360,15 +375,19 @@ if official:
                 contenders.append(official_model(name, os.path.join(official, file)))
             else:
                 notes.append(f"{name} row skipped: {os.path.join(official, file)} not found")
-    except Exception as e:  # most often: no transformers, or a version whose internals the patched file predates
-        notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} (they need transformers==4.44.2)")
+    except Exception as e:  # most often: no transformers, or a version
+                            # whose internals the patched file predates
+        notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} "
+                     f"(they need transformers==4.44.2)")
 else:
-    notes.append("official rows skipped: pass --official=FOLDER holding Zcchill/Value-Residual-Learning's src/modeling files")
+    notes.append("official rows skipped: pass --official=FOLDER holding Zcchill/Value-Residual-Learning's "
+                 "src/modeling files")
 if compile:
-    # All our contenders run one code object, GPT.forward, and torch keeps a compiled entry on it per variant's
-    # structure (and per decoding shape: up to 5 a decoder). Past recompile_limit entries (8 by default) it would
-    # run the rest eager with a log line only, and they would be timed as compiled: give every contender the room
-    # torch gives one model, and make running out a hard error instead of a silent fallback.
+    # All our contenders run one code object, GPT.forward, and torch keeps a compiled entry on it per
+    # variant's structure (and per decoding shape: up to 5 a decoder). Past recompile_limit entries (8 by
+    # default) it would run the rest eager with a log line only, and they would be timed as compiled: give
+    # every contender the room torch gives one model, and make running out a hard error instead of a silent
+    # fallback.
     torch._dynamo.config.recompile_limit *= len(contenders)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
 
@@ -422,8 +441,8 @@ class Trainer:
 
 
 def matmul_peak():
-    """(FLOP per call, calls per timing, description, call): a square matmul large enough to run at the device's
-    peak, fp32 on a CPU and bf16 on a GPU."""
+    """(FLOP per call, calls per timing, description, call): a square matmul large enough to run at the
+    device's peak, fp32 on a CPU and bf16 on a GPU."""
     n, mm_dtype, reps = (8192, torch.bfloat16, 20) if device_type == 'cuda' else (2048, torch.float32, 2)
     n = 256 if smoke else n
     a, b = torch.randn(n, n, device=device, dtype=mm_dtype), torch.randn(n, n, device=device, dtype=mm_dtype)
@@ -439,13 +458,15 @@ def available_bytes():
 # --------------------------------------------------------------------------- 1. training step, FLOP/s
 progress = tqdm(desc='bench', total=0, dynamic_ncols=True, mininterval=1.0)
 results = {'settings': {k: globals()[k] for k in config_keys}, 'torch': torch.__version__, 'device': device,
-           'device_name': torch.cuda.get_device_name() if device_type == 'cuda' else f'cpu, {torch.get_num_threads()} threads',
+           'device_name': (torch.cuda.get_device_name() if device_type == 'cuda'
+                           else f'cpu, {torch.get_num_threads()} threads'),
            'dtype': dtype, 'shape': dict(dims, batch_size=B, block_size=T)}
 
 # Keep every model built if all fit comfortably (weights, gradients and AdamW state are ~16 bytes a parameter,
 # activations aside); otherwise rebuild each one in every round, which costs time but not accuracy.
 with torch.device('meta'):
-    vanilla_params = sum(p.numel() for p in GPT(GPTConfig(variant='vanilla', block_size=T, **dims)).parameters())
+    vanilla_params = sum(p.numel()
+                         for p in GPT(GPTConfig(variant='vanilla', block_size=T, **dims)).parameters())
 resident = 20 * vanilla_params * len(contenders) < available_bytes() / 2
 info = {}  # name -> (parameters, FLOPs per token)
 
@@ -478,7 +499,8 @@ trainers.clear()
 peak = mm_flop / min(mm_times)  # a peak is what the device can do: the fastest round
 # the datasheet's dense bf16 peak (support.PEAK_TFLOPS, train.py's MFU peak), printed beside the measured one
 datasheet = support.PEAK_TFLOPS.get(results['device_name'], 0) if device_type == 'cuda' else 0
-results['matmul'] = {'what': mm_name, 'flops_per_s': peak, 'median_flops_per_s': mm_flop / statistics.median(mm_times),
+results['matmul'] = {'what': mm_name, 'flops_per_s': peak,
+                     'median_flops_per_s': mm_flop / statistics.median(mm_times),
                      'datasheet_bf16_flops_per_s': datasheet * 1e12 or None}
 results['train'] = []
 for name, _ in contenders:
@@ -486,19 +508,20 @@ for name, _ in contenders:
     step_s = statistics.median(times[name])
     achieved = fpt * B * T / step_s
     results['train'].append({'contender': name, 'params': params, 'flops_per_token': fpt, 'step_s': step_s,
-                             'step_s_per_round': times[name], 'tokens_per_s': B * T / step_s, 'flops_per_s': achieved,
-                             'fraction_of_matmul_peak': achieved / peak,
+                             'step_s_per_round': times[name], 'tokens_per_s': B * T / step_s,
+                             'flops_per_s': achieved, 'fraction_of_matmul_peak': achieved / peak,
                              'vs_vanilla': summary([t / v for t, v in zip(times[name], times['vanilla'])])})
 # the official ResFormer and SVFormer against the official baseline, as ours against vanilla
 official_base = next((name for name, _ in contenders if name.startswith('official baseline')), None)
 official_ratios = {name: summary([t / b for t, b in zip(times[name], times[official_base])])
-                   for name, _ in contenders if official_base and name.startswith('official') and name != official_base}
+                   for name, _ in contenders
+                   if official_base and name.startswith('official') and name != official_base}
 results['official_vs_official_baseline'] = official_ratios
 
-# --------------------------------------------------------------------------- 2. train.py's loop against the bare step
-# train.py is run for two lengths: the difference in wall time is the cost of the extra steps with everything the
-# loop does (data loading, logging, checks, syncs, and its evaluation and checkpoint every eval_interval steps),
-# while start-up and the first evaluation, the same in both runs, cancel out.
+# ------------------------------------------------------------------- 2. train.py's loop against the bare step
+# train.py is run for two lengths: the difference in wall time is the cost of the extra steps with everything
+# the loop does (data loading, logging, checks, syncs, and its evaluation and checkpoint every eval_interval
+# steps), while start-up and the first evaluation, the same in both runs, cancel out.
 loop_variant = 'resformer_identity'
 data_dir = os.path.join(HERE, 'data', 'shakespeare_char')
 if not loop_rounds:
@@ -514,36 +537,44 @@ else:
         for r in range(loop_rounds):
             for n in loop_iters:
                 progress.set_description(f'train.py loop {r + 1}/{loop_rounds} max_iters={n}')
-                cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}', f'--out_dir={tmp}',
-                       f'--device={device}', f'--dtype={dtype}', f'--compile={compile}', f'--batch_size={B}',
-                       f'--block_size={T}', '--overwrite=True']  # each timed run starts afresh in the same folder
+                cmd = [sys.executable, 'train.py', f'--variant={loop_variant}', f'--max_iters={n}',
+                       f'--out_dir={tmp}', f'--device={device}', f'--dtype={dtype}', f'--compile={compile}',
+                       f'--batch_size={B}', f'--block_size={T}',
+                       '--overwrite=True']  # each timed run starts afresh in the same folder
                 t0 = time.perf_counter()
                 run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
                 walls[n].append(time.perf_counter() - t0)
                 if run.returncode:
-                    raise SystemExit(f"bench.py: {' '.join(cmd)} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+                    raise SystemExit(f"bench.py: {' '.join(cmd)} failed: "
+                                     f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
                 progress.update(1)
-    loop_s = (statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)])) / (max(loop_iters) - min(loop_iters))
+    loop_s = ((statistics.median(walls[max(loop_iters)]) - statistics.median(walls[min(loop_iters)]))
+              / (max(loop_iters) - min(loop_iters)))
     bare_s = next((row['step_s'] for row in results['train'] if row['contender'] == loop_variant), None)
     if loop_s <= 0:
-        notes.append("train.py loop: the longer runs were not slower (machine noise); raise loop_iters or loop_rounds")
+        notes.append("train.py loop: the longer runs were not slower (machine noise); raise loop_iters or "
+                     "loop_rounds")
     else:
-        results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s, 'walls': walls,
-                           'bare_step_s': bare_s, 'bare_tokens_per_s': bare_s and B * T / bare_s}
+        results['loop'] = {'variant': loop_variant, 'step_s': loop_s, 'tokens_per_s': B * T / loop_s,
+                           'walls': walls, 'bare_step_s': bare_s,
+                           'bare_tokens_per_s': bare_s and B * T / bare_s}
     if bare_s is None:
         notes.append(f"train.py loop: no bare-step row for {loop_variant} to compare with (not in --presets)")
 
 # --------------------------------------------------------------------------- 3. decoding
-# The small shape's block_size is 128, so its RoPE table is made long enough for prompt + new tokens: the weights
-# do not depend on it, and a 128-token cache would be refilled from scratch at every step past 128.
+# The small shape's block_size is 128, so its RoPE table is made long enough for prompt + new tokens: the
+# weights do not depend on it, and a 128-token cache would be refilled from scratch at every step past 128.
 results['decode'] = []
 if decode_tokens:
-    prompt = torch.randint(dims['vocab_size'], (1, 16), generator=torch.Generator().manual_seed(seed)).to(device)
+    prompt = torch.randint(dims['vocab_size'], (1, 16),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
     decoders = {}
     for name in names:
         torch.manual_seed(seed)
-        decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens), **dims)).to(device).eval()
-        if compile:  # as sample.py --compile; an untimed first run of each kind compiles it (prompt, then one token)
+        decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens),
+                                       **dims)).to(device).eval()
+        if compile:  # as sample.py --compile; an untimed first run of
+                     # each kind compiles it (prompt, then one token)
             decoders[name].compile_for_decoding()
             for n in decode_tokens:
                 with autocast:
@@ -557,27 +588,31 @@ if decode_tokens:
                 for cache in (True, False):
                     progress.set_description(f'decode {name} {n} {"cached" if cache else "recompute"}')
                     with autocast:
-                        s = timed(lambda: list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=cache)), 1)
+                        s = timed(lambda: list(decoders[name].generate_tokens(prompt, n, temperature=0,
+                                                                              use_cache=cache)), 1)
                     decode_times[name, n, cache].append(s)
                     progress.update(1)
     decoders.clear()
     results['decode'] = [{'variant': name, 'new_tokens': n,
                           'cached_tokens_per_s': n / statistics.median(decode_times[name, n, True]),
                           'recompute_tokens_per_s': n / statistics.median(decode_times[name, n, False]),
-                          'speedup': statistics.median(decode_times[name, n, False]) / statistics.median(decode_times[name, n, True])}
+                          'speedup': (statistics.median(decode_times[name, n, False])
+                                      / statistics.median(decode_times[name, n, True]))}
                          for name in names for n in decode_tokens]
 else:
     notes.append("decoding skipped (--decode_tokens=())")
 
 # --------------------------------------------------------------------------- 4. KV cache bytes
-# Filled by a real forward of 2,048 tokens on the 'meta' device: the cache our code builds, without the memory.
+# Filled by a real forward of 2,048 tokens on the 'meta'
+# device: the cache our code builds, without the memory.
 KV_CONTEXT = 2048
 KV_ROWS = [  # (label, GPTConfig flags, ratio to vanilla MHA predicted by the formulas of test_model.py)
     ('vanilla', dict(variant='vanilla'), lambda L, g: Fraction(1)),
     ('resformer_identity', dict(variant='resformer_identity'), lambda L, g: Fraction(1)),
     ('svformer', dict(variant='svformer'), lambda L, g: Fraction(L + 1, 2 * L)),
     ('vanilla + GQA (n_kv_head = n_head/4)', dict(variant='vanilla', gqa=4), lambda L, g: Fraction(1, g)),
-    ('svformer + GQA (n_kv_head = n_head/4)', dict(variant='svformer', gqa=4), lambda L, g: Fraction(L + 1, 2 * L * g)),
+    ('svformer + GQA (n_kv_head = n_head/4)', dict(variant='svformer', gqa=4),
+     lambda L, g: Fraction(L + 1, 2 * L * g)),
     ('cla', dict(variant='cla'), lambda L, g: Fraction((L + 1) // 2, L)),
     ('share_k', dict(variant='share_k'), lambda L, g: Fraction(L + (L + 1) // 2, 2 * L)),
     ('share_v', dict(variant='share_v'), lambda L, g: Fraction(L + (L + 1) // 2, 2 * L)),
@@ -588,7 +623,8 @@ def kv_bytes(shape_dims, flags):
     flags = dict(flags)
     group = flags.pop('gqa', 1)
     with torch.device('meta'):
-        model = GPT(GPTConfig(block_size=KV_CONTEXT, n_kv_head=shape_dims['n_head'] // group, **shape_dims, **flags))
+        model = GPT(GPTConfig(block_size=KV_CONTEXT, n_kv_head=shape_dims['n_head'] // group, **shape_dims,
+                              **flags))
         cache = model.new_kv_cache(KV_CONTEXT)
         model.to(ptdtype)(torch.zeros(1, KV_CONTEXT, dtype=torch.long), kv_cache=cache)
     return cache.nbytes()
@@ -601,12 +637,14 @@ for kv_shape in ('82m', '468m'):
     for label, flags, formula in KV_ROWS:
         nbytes = kv_bytes(shape_dims, flags)
         expected = formula(shape_dims['n_layer'], flags.get('gqa', 1))
-        results['kv'].append({'shape': kv_shape, 'variant': label, 'bytes': nbytes, 'ratio': nbytes / vanilla_bytes,
-                              'formula': str(expected), 'matches': Fraction(nbytes, vanilla_bytes) == expected})
+        results['kv'].append({'shape': kv_shape, 'variant': label, 'bytes': nbytes,
+                              'ratio': nbytes / vanilla_bytes, 'formula': str(expected),
+                              'matches': Fraction(nbytes, vanilla_bytes) == expected})
 
 # --------------------------------------------------------------------------- 5. peak memory
-# Each preset trains for a few steps in a fresh process: on CUDA, torch's max_memory_allocated; on a CPU, the peak
-# resident set (VmHWM, Linux) over what the process held after `import torch`, its high-water mark reset there.
+# Each preset trains for a few steps in a fresh process: on CUDA, torch's max_memory_allocated; on a CPU, the
+# peak resident set (VmHWM, Linux) over what the process held after `import torch`, its high-water mark reset
+# there.
 MEMORY_CHILD = """
 import json, sys, torch
 from model import GPT, GPTConfig
@@ -635,10 +673,12 @@ elif memory:
     progress.total += len(memory_names)
     for name in memory_names:
         progress.set_description(f'memory {name}')
-        run = subprocess.run([sys.executable, '-c', MEMORY_CHILD, json.dumps([name, dims, B, T, device, dtype])],
+        run = subprocess.run([sys.executable, '-c', MEMORY_CHILD,
+                              json.dumps([name, dims, B, T, device, dtype])],
                              cwd=HERE, capture_output=True, text=True)
         if run.returncode:
-            raise SystemExit(f"bench.py: measuring the memory of {name} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+            raise SystemExit(f"bench.py: measuring the memory of {name} failed: "
+                             f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
         results['memory'].append({'variant': name} | json.loads(run.stdout.strip().splitlines()[-1]))
         progress.update(1)
     if smoke:
@@ -669,17 +709,19 @@ if m['datasheet_bf16_flops_per_s']:
     peak_text += f"; datasheet bf16 dense peak {si(m['datasheet_bf16_flops_per_s'], 'FLOP/s')}"
 report = [f"## Training step: shape {shape} (L={L}, d={d}, heads={H}, vocab={V}), batch {B} x T {T}, "
           f"{results['device_name']}, {dtype}, compile {compile}",
-          f"{rounds} rounds x {steps} steps per contender; ratios are per round, to vanilla in the same round. {peak_text}.",
+          f"{rounds} rounds x {steps} steps per contender; "
+          f"ratios are per round, to vanilla in the same round. {peak_text}.",
           '',
-          table(['contender', 'params', 'ms/step', 'vs vanilla (median)', 'median 95% CI', 'vs vanilla (min-max)',
-                 'tokens/s', 'model FLOP/s', '% of matmul peak'],
-                [[r['contender'], f"{r['params'] / 1e6:.2f}M", f"{1e3 * r['step_s']:.1f}", f"{r['vs_vanilla']['median']:.3f}",
-                  '{:.3f}-{:.3f}'.format(*r['vs_vanilla']['ci95']),
+          table(['contender', 'params', 'ms/step', 'vs vanilla (median)', 'median 95% CI',
+                 'vs vanilla (min-max)', 'tokens/s', 'model FLOP/s', '% of matmul peak'],
+                [[r['contender'], f"{r['params'] / 1e6:.2f}M", f"{1e3 * r['step_s']:.1f}",
+                  f"{r['vs_vanilla']['median']:.3f}", '{:.3f}-{:.3f}'.format(*r['vs_vanilla']['ci95']),
                   f"{r['vs_vanilla']['min']:.3f}-{r['vs_vanilla']['max']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                  si(r['flops_per_s'], 'FLOP/s'), f"{100 * r['fraction_of_matmul_peak']:.1f}"] for r in results['train']])]
+                  si(r['flops_per_s'], 'FLOP/s'), f"{100 * r['fraction_of_matmul_peak']:.1f}"]
+                 for r in results['train']])]
 if official_ratios:
-    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} (95% CI {s['ci95'][0]:.3f}-"
-                      f"{s['ci95'][1]:.3f}; range {s['min']:.3f}-{s['max']:.3f})"
+    report += [''] + [f"- {name} against {official_base}: median {s['median']:.3f} "
+                      f"(95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}; range {s['min']:.3f}-{s['max']:.3f})"
                       for name, s in official_ratios.items()]
 if 'loop' in results:
     lp = results['loop']
@@ -690,27 +732,36 @@ if 'loop' in results:
                       ['train.py loop', f"{1e3 * lp['step_s']:.1f}", f"{lp['tokens_per_s']:,.0f}",
                        f"{lp['step_s'] / lp['bare_step_s']:.3f}" if lp['bare_step_s'] else '-']])]
 if results['decode']:
-    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}, compile {compile}; KV cache against "
-               f"full recompute, median of {decode_rounds} rounds", '',
-               table(['variant'] + [c for n in decode_tokens for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}', f'speedup @{n}')],
-                     [[name] + [c for n in decode_tokens for row in results['decode'] if row['variant'] == name and row['new_tokens'] == n
-                                for c in (f"{row['cached_tokens_per_s']:,.0f}", f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
+    report += ['', f"## Decoding: batch 1, greedy, 16-token prompt, shape {shape}, compile {compile}; "
+               f"KV cache against full recompute, median of {decode_rounds} rounds", '',
+               table(['variant'] + [c for n in decode_tokens
+                                    for c in (f'cached tok/s @{n}', f'recompute tok/s @{n}',
+                                              f'speedup @{n}')],
+                     [[name] + [c for n in decode_tokens for row in results['decode']
+                                if row['variant'] == name and row['new_tokens'] == n
+                                for c in (f"{row['cached_tokens_per_s']:,.0f}",
+                                          f"{row['recompute_tokens_per_s']:,.0f}", f"{row['speedup']:.1f}x")]
                       for name in names])]
 report += ['', f"## KV cache at {KV_CONTEXT} context, batch 1, {dtype}", '',
            table(['shape', 'variant', 'KV bytes', 'vs vanilla', 'formula', 'matches'],
-                 [[r['shape'], r['variant'], f"{r['bytes']:,}", f"{r['ratio']:.4f}", r['formula'], 'yes' if r['matches'] else 'NO']
+                 [[r['shape'], r['variant'], f"{r['bytes']:,}", f"{r['ratio']:.4f}", r['formula'],
+                   'yes' if r['matches'] else 'NO']
                   for r in results['kv']])]
 if results['memory']:
-    report += ['', f"## Peak memory, 3 training steps in a fresh process, shape {shape}, batch {B} x T {T}", '']
+    report += ['', f"## Peak memory, 3 training steps in a fresh process, shape {shape}, batch {B} x T {T}",
+               '']
     vanilla_mem = results['memory'][0]
     if device_type == 'cuda':
         report.append(table(['variant', 'max allocated MB', 'vs vanilla'],
-                            [[r['variant'], f"{r['cuda_mb']:.1f}", f"{r['cuda_mb'] / vanilla_mem['cuda_mb']:.3f}"]
+                            [[r['variant'], f"{r['cuda_mb']:.1f}",
+                              f"{r['cuda_mb'] / vanilla_mem['cuda_mb']:.3f}"]
                              for r in results['memory']]))
     else:
         report.append(table(['variant', 'peak RSS MB', 'growth after import MB', 'growth vs vanilla'],
                             [[r['variant'], f"{r['rss_mb']:.1f}", f"{r['rss_growth_mb']:.1f}",
-                              f"{r['rss_growth_mb'] / vanilla_mem['rss_growth_mb']:.3f}" if vanilla_mem['rss_growth_mb'] else '-'] for r in results['memory']]))
+                              f"{r['rss_growth_mb'] / vanilla_mem['rss_growth_mb']:.3f}"
+                              if vanilla_mem['rss_growth_mb'] else '-']
+                             for r in results['memory']]))
 if notes:
     report += [''] + [f"- {note}" for note in notes]
 if smoke:  # beside every table, so that none of its numbers is read without it
