@@ -66,24 +66,29 @@ from prepare import load_meta, load_tokenizer, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
 ckpt = 'ckpt.pt'  # the file read from each out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
-windows = 'doc_start'  # 'doc_start': documents' starts, led by the separator; 'mid_text': evenly spaced offsets
+windows = 'doc_start'  # 'doc_start': documents' starts, led by the separator;
+                       # 'mid_text': evenly spaced offsets
 num_seqs = 8  # validation windows to average over
 seq_len = 256  # tokens per window (at most the smallest block_size among the checkpoints)
 out = 'analysis'  # folder for metrics.json, metrics.csv and the plots
-device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
+device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name);
+                 # or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 # -----------------------------------------------------------------------------
-# (the settings are applied at the bottom, so that `import analyze` gives the metric functions and runs nothing)
+# (the settings are applied at the bottom, so that
+# `import analyze` gives the metric functions and runs nothing)
 
 CONCENTRATION = {  # name: column title
-    'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm', 'first_value_norm': 'first value',
-    'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos', 'key_cos': 'key cos',
+    'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm',
+    'first_value_norm': 'first value', 'hidden_norm': 'hidden norm', 'hidden_cos': 'hidden cos',
+    'key_cos': 'key cos',
 }
 POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'skip_attn': 'Δloss -attn',
                  'skip_mlp': 'Δloss -MLP'}  # Sec. 4.5
 METRICS = {**CONCENTRATION, **POST_ANALYSES}
-RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs of one group may differ
+RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs
+                                                               # of one group may differ
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -228,15 +233,17 @@ def doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len):
     if 'val_doc_starts' not in meta:
         raise SystemExit(f"analyze.py: {data_dir}/meta.json has no val_doc_starts (an older prepare.py); run "
                          f"`{prepare_command(data_dir)}` again, or use --windows=mid_text")
-    separator = [meta['eot_token']] if meta['tokenizer'] == 'gpt2' else load_tokenizer(meta).encode(meta['separator'])
+    separator = ([meta['eot_token']] if meta['tokenizer'] == 'gpt2'
+                 else load_tokenizer(meta).encode(meta['separator']))
     room = seq_len - len(separator)  # tokens of the document itself
     starts = [s for s in meta['val_doc_starts'] if s + room <= len(tokens)]
     if not starts:
-        raise SystemExit(f"analyze.py: no validation document in {data_dir} starts {room} tokens before the end of "
-                         f"the split; use a smaller --seq_len or --windows=mid_text")
+        raise SystemExit(f"analyze.py: no validation document in {data_dir} starts {room} tokens before the "
+                         f"end of the split; use a smaller --seq_len or --windows=mid_text")
     picked = sorted({starts[i] for i in np.linspace(0, len(starts) - 1, num_seqs).round().astype(int)})
     if len(picked) < num_seqs:
-        print(f"note: {data_dir} has {len(picked)} validation document starts to use, fewer than num_seqs={num_seqs}")
+        print(f"note: {data_dir} has {len(picked)} validation document starts to use, "
+              f"fewer than num_seqs={num_seqs}")
     rows = [np.concatenate([separator, tokens[s:s + room]]) for s in picked]
     return picked, torch.tensor(np.stack(rows).astype(np.int64))
 
@@ -254,7 +261,8 @@ def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
                          f"prepare it again with the settings they were trained on")
     tokens = np.concatenate(open_split(data_dir, 'val'))
     if len(tokens) < seq_len:
-        raise SystemExit(f"analyze.py: {data_dir} has {len(tokens):,} validation tokens, fewer than seq_len={seq_len}; "
+        raise SystemExit(f"analyze.py: {data_dir} has {len(tokens):,} validation tokens, "
+                         f"fewer than seq_len={seq_len}; "
                          "use a smaller --seq_len")
     if kind == 'doc_start':
         return doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len)
@@ -268,7 +276,8 @@ def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
 def analyze(model, windows, desc):
     """{metric: per-layer mean over the windows, 'loss': the model's loss on them}."""
     per_window, losses = [], []
-    # one window at a time: the attention probabilities alone are n_layer * n_head * seq_len^2 floats per window
+    # one window at a time: the attention probabilities alone
+    # are n_layer * n_head * seq_len^2 floats per window
     for window in tqdm(windows, desc=desc, leave=False):
         window, stats = window[None].to(device), {}
         model(window, stats=stats)
@@ -310,12 +319,14 @@ def write_files(groups, windows_info):
         json.dump({**windows_info, 'groups': groups}, f, indent=1)
     with open(os.path.join(out, 'metrics.csv'), 'w', newline='') as f:
         writer = csv.writer(f)
-        writer.writerow(['group', 'runs', 'layer', *(column for name in METRICS for column in (name, f'{name}_std'))])
+        writer.writerow(['group', 'runs', 'layer',
+                         *(column for name in METRICS for column in (name, f'{name}_std'))])
         for label, group in groups.items():
             for layer in range(group['n_layer']):
                 cells = [(group['mean'][name][layer], group['std'][name][layer] if group['std'] else '')
                          for name in METRICS]
-                writer.writerow([label, len(group['runs']), layer + 1, *(cell for pair in cells for cell in pair)])
+                writer.writerow([label, len(group['runs']), layer + 1,
+                                 *(cell for pair in cells for cell in pair)])
     print(f"\nwrote {out}/metrics.json and {out}/metrics.csv")
 
 
@@ -353,12 +364,15 @@ def main(run_args):
     if windows not in ('doc_start', 'mid_text'):
         raise SystemExit(f"analyze.py: windows={windows!r}; use 'doc_start' or 'mid_text'")
     if num_seqs < 1 or seq_len < 2:
-        raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; use at least 1 sequence of 2 tokens")
-    existing = os.path.abspath(out)  # out, or the part of its path that exists: it must be a folder, checked now
+        raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; "
+                         f"use at least 1 sequence of 2 tokens")
+    existing = os.path.abspath(out)  # out, or the part of its path that exists:
+                                     # it must be a folder, checked now
     while not os.path.exists(existing):  # rather than after all the computing
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise SystemExit(f"analyze.py: out={out!r} cannot be a folder: {existing} is a file; choose another --out")
+        raise SystemExit(f"analyze.py: out={out!r} cannot be a folder: {existing} is a file; "
+                         f"choose another --out")
     # all checkpoints first: they must share a vocabulary, and the smallest block_size caps the window length
     models = load_models(run_args)
     length = min([seq_len] + [model.config.block_size for model, _ in models.values()])
@@ -367,7 +381,8 @@ def main(run_args):
     first = next(iter(models.values()))[1]
     data_dir = first['config']['data_dir']
     if not os.path.isabs(data_dir) and not os.path.exists(data_dir):
-        data_dir = os.path.join(HERE, data_dir)  # relative to where train.py ran: usually the repository's root
+        data_dir = os.path.join(HERE, data_dir)  # relative to where train.py ran:
+                                                 # usually the repository's root
     starts, tokens = validation_windows(data_dir, first['data_meta'], windows, num_seqs, length)
     print(f"{len(starts)} {windows} windows of {length} tokens from {data_dir} (val), at offsets {starts}")
 
