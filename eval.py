@@ -50,7 +50,8 @@ seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
 overwrite = False  # replace the results an earlier evaluation of this checkpoint left in out_dir
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-if __name__ == '__main__':  # settings and their checks before lm_eval and torch load: --help works without them
+if __name__ == '__main__':  # settings and their checks before lm_eval and torch load:
+                            # --help works without them
     globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
     task_names = [t.strip() for t in tasks.split(',') if t.strip()]
     if not task_names:
@@ -58,13 +59,14 @@ if __name__ == '__main__':  # settings and their checks before lm_eval and torch
     if limit is not None and not (type(limit) in (int, float) and 0 < limit < math.inf):
         raise SystemExit(f"eval.py: limit={limit!r}; use a positive number of items (or a fraction below 1)")
     if num_fewshot < 0:
-        raise SystemExit(f"eval.py: num_fewshot={num_fewshot}; use 0 (zero-shot, as the paper) or more examples")
+        raise SystemExit(f"eval.py: num_fewshot={num_fewshot}; "
+                         f"use 0 (zero-shot, as the paper) or more examples")
     if batch_size < 1:
         raise SystemExit(f"eval.py: batch_size={batch_size}; use at least 1")
     results_path = os.path.join(out_dir, f'{os.path.splitext(ckpt)[0]}_lm_eval.json')
     if os.path.exists(results_path) and not overwrite:
-        raise SystemExit(f"eval.py: {results_path} holds an earlier evaluation's results; move it away to keep "
-                         "them, or pass --overwrite=True to replace them")
+        raise SystemExit(f"eval.py: {results_path} holds an earlier evaluation's results; move it away to "
+                         "keep them, or pass --overwrite=True to replace them")
 # -----------------------------------------------------------------------------
 
 try:  # after the settings, so --help works without lm_eval; before torch, so its absence shows at once
@@ -72,9 +74,11 @@ try:  # after the settings, so --help works without lm_eval; before torch, so it
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
     from lm_eval.tasks import TaskManager
-    from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window, make_table
+    from lm_eval.utils import (get_rolling_token_windows, handle_non_serializable, make_disjoint_window,
+                               make_table)
 except ImportError:
-    raise SystemExit("eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`") from None
+    raise SystemExit("eval.py: lm_eval is not installed; "
+                     "run `pip install -r requirements-eval.txt`") from None
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +95,8 @@ class ValueResidualLM(TemplateLM):
     the embedding with ids that have no text). Contexts longer than block_size lose tokens on the left, as
     in lm_eval's Hugging Face wrapper."""
 
-    def __init__(self, checkpoint, device='auto', dtype='auto', batch_size=32, max_batch_size=None, max_gen_toks=256):
+    def __init__(self, checkpoint, device='auto', dtype='auto', batch_size=32, max_batch_size=None,
+                 max_gen_toks=256):
         # max_batch_size: simple_evaluate hands it to every model; batches here are always batch_size
         super().__init__()
         device = pick_device(device)
@@ -106,12 +111,13 @@ class ValueResidualLM(TemplateLM):
         self.max_gen_toks = int(max_gen_toks)
         self._device = torch.device(device)
         self.autocast = nullcontext() if dtype == 'float32' else \
-            torch.autocast(device_type=device_type, dtype={'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype])
+            torch.autocast(device_type=device_type,
+                           dtype={'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype])
 
     @property
     def eot_token_id(self):
-        # GPT-2 BPE ends every training document with <|endoftext|>; character-level data ends one with a blank
-        # line, so its last newline is what precedes a new document
+        # GPT-2 BPE ends every training document with <|endoftext|>; character-level data ends one with a
+        # blank line, so its last newline is what precedes a new document
         eot = self.tokenizer.eot_token
         return eot if eot is not None else self.tok_encode(CHAR_SEPARATOR[-1])[0]
 
@@ -119,22 +125,24 @@ class ValueResidualLM(TemplateLM):
         try:
             return self.tokenizer.encode(string)
         except ValueError as e:  # a character-level vocabulary has only the training text's characters
-            raise SystemExit(f"eval.py: the task's text has {e}; evaluate a GPT-2 BPE checkpoint on this task") from None
+            raise SystemExit(f"eval.py: the task's text has {e}; "
+                             f"evaluate a GPT-2 BPE checkpoint on this task") from None
 
     def tok_decode(self, tokens):
         return self.tokenizer.decode(tokens)
 
     @torch.no_grad()
     def _logits(self, windows):
-        """The model's logits for a batch of token lists, (B, longest, padded vocab), right-padded: the model is
-        causal, so padding after a window never changes the window's logits."""
+        """The model's logits for a batch of token lists, (B, longest, padded vocab), right-padded: the model
+        is causal, so padding after a window never changes the window's logits."""
         longest = max(len(w) for w in windows)
         x = torch.tensor([w + [0] * (longest - len(w)) for w in windows], device=self._device)
         with self.autocast:
             return self.model(x)[0]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, desc='loglikelihood requests'):
-        """(log P(continuation | context), whether greedy decoding gives the continuation) per (key, context, continuation)."""
+        """(log P(continuation | context), whether greedy decoding gives the continuation)
+        per (key, context, continuation)."""
         results = [None] * len(requests)
         # longest first, so each batch pads little and running out of memory happens at once, not at the end
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
@@ -148,9 +156,11 @@ class ValueResidualLM(TemplateLM):
                 key, _, continuation = requests[i]
                 n = len(continuation)
                 if n >= len(t):
-                    raise SystemExit(f"eval.py: a continuation of {n} tokens does not fit the model's block_size "
-                                     f"of {self.max_length}; evaluate on a task with shorter answers")
-                # only the positions that predict the continuation, in float32, over the tokenizer's real vocabulary
+                    raise SystemExit(f"eval.py: a continuation of {n} tokens does not fit the model's "
+                                     f"block_size of {self.max_length}; "
+                                     f"evaluate on a task with shorter answers")
+                # only the positions that predict the continuation,
+                # in float32, over the tokenizer's real vocabulary
                 log_probs = F.log_softmax(row[len(t) - 1 - n:len(t) - 1, :self.vocab_size].float(), dim=-1)
                 target = torch.tensor(continuation, device=log_probs.device)
                 results[i] = (log_probs.gather(1, target[:, None]).sum().item(),
@@ -162,8 +172,8 @@ class ValueResidualLM(TemplateLM):
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
-        """Log-likelihood of each whole text, read in windows of block_size tokens (lm_eval's perplexity scheme:
-        every token predicted once, the first one from eot_token_id)."""
+        """Log-likelihood of each whole text, read in windows of block_size tokens (lm_eval's perplexity
+        scheme: every token predicted once, the first one from eot_token_id)."""
         windows, owners = [], []
         for n, (text,) in enumerate(req.args for req in requests):
             for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
@@ -172,7 +182,8 @@ class ValueResidualLM(TemplateLM):
                 windows.append((None, context, continuation))
                 owners.append(n)
         totals = [0.0] * len(requests)
-        for n, (log_prob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm, 'rolling windows')):
+        for n, (log_prob, _) in zip(owners,
+                                    self._loglikelihood_tokens(windows, disable_tqdm, 'rolling windows')):
             totals[n] += log_prob
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial('loglikelihood_rolling', req.args, total)
@@ -206,7 +217,8 @@ class ValueResidualLM(TemplateLM):
 
     @torch.no_grad()
     def _generate(self, contexts, until, max_new_tokens, temperature):
-        """Continuations of equally long token lists, each cut before its first `until` string or end of text."""
+        """Continuations of equally long token lists,
+        each cut before its first `until` string or end of text."""
         x = torch.tensor(contexts, device=self._device)
         generated = [[] for _ in contexts]
         texts = [''] * len(contexts)
@@ -245,18 +257,23 @@ def task_manager_for(tasks, include_path):
     return manager
 
 
-def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=None, log_samples=False, seed=1234):
-    """lm_eval.simple_evaluate on task names; data that cannot be loaded (offline, say) exits with one line."""
+def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=None, log_samples=False,
+             seed=1234):
+    """lm_eval.simple_evaluate on task names;
+    data that cannot be loaded (offline, say) exits with one line."""
     task_manager = task_manager_for(tasks, include_path)
     try:
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
                                        num_fewshot=num_fewshot, log_samples=log_samples, random_seed=seed,
-                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
-    except OSError as e:  # ConnectionError too: the hub is unreachable or offline mode is on; or a local file is missing
+                                       numpy_random_seed=seed, torch_random_seed=seed,
+                                       fewshot_random_seed=seed)
+    except OSError as e:  # ConnectionError too: the hub is unreachable or offline mode is on;
+                          # or a local file is missing
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"eval.py: could not load a task's data ({reason}); the paper's tasks download it from the "
-                         f"Hugging Face hub, so they need the network (and HF_DATASETS_OFFLINE unset); local tasks "
-                         f"name their files relative to the repository root, so run eval.py from there") from None
+        raise SystemExit(f"eval.py: could not load a task's data ({reason}); the paper's tasks download it "
+                         f"from the Hugging Face hub, so they need the network (and HF_DATASETS_OFFLINE "
+                         f"unset); local tasks name their files relative to the repository root, so run "
+                         f"eval.py from there") from None
 
 
 def accuracy_means(results, tasks):
@@ -290,5 +307,6 @@ if __name__ == '__main__':
     except OSError as e:
         if os.path.exists(results_path + '.tmp'):
             os.remove(results_path + '.tmp')
-        raise SystemExit(f"eval.py: could not write {results_path} ({e.strerror}); the table above has the scores")
+        raise SystemExit(f"eval.py: could not write {results_path} ({e.strerror}); "
+                         f"the table above has the scores")
     print(f"results written to {results_path}")
