@@ -1,4 +1,5 @@
-"""analyze.py: its metrics on hand-built matrices, and runs on tiny checkpoints of data prepared by prepare.py."""
+"""analyze.py: its metrics on hand-built matrices,
+and runs on tiny checkpoints of data prepared by prepare.py."""
 import contextlib
 import copy
 import csv
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 
 import prepare
 
-from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses, sublayer_losses,
-                     token_norms)
+from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
+                     sublayer_losses, token_norms)
 from model import GPT, GPTConfig, load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 
@@ -47,7 +48,8 @@ def test_attention_on_the_first_token_is_the_minimum_entropy():
 
 
 def test_equal_importance_is_the_maximum_entropy():
-    # under causality, the only matrix whose column sums are equal is the identity: each token attends to itself
+    # under causality, the only matrix whose column sums are
+    # equal is the identity: each token attends to itself
     assert importance_entropy(torch.eye(T)[None, None]).item() == pytest.approx(math.log(T))
 
 
@@ -66,7 +68,8 @@ def test_cosine_similarity_of_identical_and_orthogonal_rows():
     identical = lengths * torch.linspace(-1, 2, T)  # every row points the same way
     orthogonal = lengths * torch.eye(T)
     opposite = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
-    assert mean_cosine_similarity(torch.stack([identical, orthogonal])).tolist() == pytest.approx([1, 0], abs=1e-6)
+    assert mean_cosine_similarity(torch.stack([identical, orthogonal])).tolist() == \
+        pytest.approx([1, 0], abs=1e-6)
     assert mean_cosine_similarity(opposite).item() == pytest.approx(-1)
 
 
@@ -81,7 +84,8 @@ def test_layer_metrics_of_a_forward_pass():
     metrics = layer_metrics(stats)
     assert all(m.shape == (TINY['n_layer'], 2) for m in metrics.values())
     assert torch.equal(metrics['entropy_rel'], metrics['entropy'] / math.log(10))
-    assert torch.allclose(metrics['first_value_norm'][0], stats['values'][0][:, 0, 0].norm(dim=-1))  # one KV head
+    assert torch.allclose(metrics['first_value_norm'][0],
+                          stats['values'][0][:, 0, 0].norm(dim=-1))  # one KV head
 
 
 def test_cosine_similarity_with_layer_1_is_per_position():
@@ -110,7 +114,8 @@ def test_svformer_values_are_v1_in_every_layer(n_kv_head):
 @pytest.fixture(params=['current', 'identity'])  # model.py's paper path, and its general one
 def tiny_resformer(request):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, variant='resformer_identity', value_mapping=request.param, n_kv_head=1)).eval()
+    model = GPT(GPTConfig(**TINY, variant='resformer_identity', value_mapping=request.param,
+                          n_kv_head=1)).eval()
     idx = torch.randint(TINY['vocab_size'], (2, 12))
     return model, idx[:, :-1], idx[:, 1:]
 
@@ -167,20 +172,22 @@ DOCUMENTS = [f"doc {i}: the quick brown fox jumps over the lazy dog {i % 7} time
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-    """data/ prepared by prepare.py from DOCUMENTS, two vanilla runs (seeds), an Identity ResFormer, and a vanilla
-    run with another learning rate, all trained briefly on data/'s training text."""
+    """data/ prepared by prepare.py from DOCUMENTS, two vanilla runs (seeds), an Identity ResFormer, and a
+    vanilla run with another learning rate, all trained briefly on data/'s training text."""
     root = tmp_path_factory.mktemp('analyze')
     (root / 'corpus').mkdir()
     for i, document in enumerate(DOCUMENTS):
         (root / 'corpus' / f'{i:02d}.txt').write_text(document)
     prepare.main([f"--input={root / 'corpus'}", f"--out_dir={root / 'data'}", '--num_proc=1'])
     meta = prepare.load_meta(str(root / 'data'))
-    text = prepare.load_tokenizer(meta).decode(np.concatenate(prepare.open_split(str(root / 'data'), 'train')).tolist())
-    for name, variant, seed, learning_rate in [('vanilla_1', 'vanilla', 1, 0.001), ('vanilla_2', 'vanilla', 2, 0.001),
+    text = prepare.load_tokenizer(meta).decode(
+        np.concatenate(prepare.open_split(str(root / 'data'), 'train')).tolist())
+    for name, variant, seed, learning_rate in [('vanilla_1', 'vanilla', 1, 0.001),
+                                               ('vanilla_2', 'vanilla', 2, 0.001),
                                                ('resformer', 'resformer_identity', 1, 0.001),
                                                ('vanilla_lr', 'vanilla', 1, 0.01)]:
-        train_tiny_checkpoint(str(root / name / 'ckpt.pt'), variant, data_dir=str(root / 'data'), steps=20, text=text,
-                              chars=meta['chars'], seed=seed, learning_rate=learning_rate)
+        train_tiny_checkpoint(str(root / name / 'ckpt.pt'), variant, data_dir=str(root / 'data'), steps=20,
+                              text=text, chars=meta['chars'], seed=seed, learning_rate=learning_rate)
     return root
 
 
@@ -197,7 +204,8 @@ def analyze(runs, *args):
     be an exception here, failing the test."""
     stdout, stderr = io.StringIO(), io.StringIO()
     returncode = 0
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), contextlib.chdir(runs):
+    with (contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(),
+          contextlib.chdir(runs)):
         sys_argv, sys.argv = sys.argv, [ANALYZE_PY, '--device=cpu', *args]
         try:
             runpy.run_path(ANALYZE_PY, run_name='__main__')
@@ -262,13 +270,14 @@ def test_document_start_windows_and_seeds_averaged(runs):
     assert vanilla['mean']['value_cos_v1'][0] == pytest.approx(1)
     assert vanilla['mean']['hidden_cos_h1'][0] == pytest.approx(1)
     assert 'Sec. 4.5, our reading: loss' in result.stdout and 'Δloss -MLP' in result.stdout
-    assert 'vanilla: 3 layers, iter 20, 2 run(s): vanilla_1/ckpt.pt, vanilla_2/ckpt.pt (mean ± std over runs)' \
-        in result.stdout
+    assert 'vanilla: 3 layers, iter 20, 2 run(s): vanilla_1/ckpt.pt, vanilla_2/ckpt.pt ' \
+        '(mean ± std over runs)' in result.stdout
 
     with open(runs / 'results' / 'metrics.csv') as f:
         rows = list(csv.DictReader(f))
     assert [(r['group'], r['runs'], r['layer']) for r in rows] == \
-        [(g, n, str(layer)) for g, n in (('vanilla', '2'), ('resformer_identity', '1')) for layer in (1, 2, 3)]
+        [(g, n, str(layer)) for g, n in (('vanilla', '2'), ('resformer_identity', '1'))
+         for layer in (1, 2, 3)]
     assert float(rows[0]['entropy_std']) == pytest.approx(seeds.std(axis=0, ddof=1)[0], rel=1e-4)
     assert rows[3]['entropy_std'] == ''
 
@@ -289,12 +298,13 @@ def test_groups_of_one_variant_are_named_by_what_differs(runs):
     result = analyze(runs, 'vanilla_1', 'vanilla_lr', '--num_seqs=1', '--out=lr')
     assert result.returncode == 0, result.stderr
     with open(runs / 'lr' / 'metrics.json') as f:
-        assert list(json.load(f)['groups']) == ['vanilla (learning_rate=0.001)', 'vanilla (learning_rate=0.01)']
+        assert list(json.load(f)['groups']) == ['vanilla (learning_rate=0.001)',
+                                                'vanilla (learning_rate=0.01)']
 
 
 def test_a_setting_added_by_a_later_train_py_does_not_split_a_group(runs):
-    """Seeds of one run trained by train.py versions with and without a newer setting (its config and model_args
-    have keys the older lack) still form one group: a missing setting tells no run apart."""
+    """Seeds of one run trained by train.py versions with and without a newer setting (its config and
+    model_args have keys the older lack) still form one group: a missing setting tells no run apart."""
     checkpoint = torch.load(runs / 'vanilla_2' / 'ckpt.pt', weights_only=True)
     checkpoint['config'] = dict(checkpoint['config'], micro_batch_size=None)
     checkpoint['model_args'] = dict(checkpoint['model_args'], value_embeds=False)
@@ -316,7 +326,8 @@ def one_line_error(result, *words):
 
 def test_checkpoints_with_different_vocabularies_are_refused(runs):
     checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
-    checkpoint['data_meta'] = dict(checkpoint['data_meta'], chars=list(reversed(checkpoint['data_meta']['chars'])))
+    checkpoint['data_meta'] = dict(checkpoint['data_meta'],
+                                   chars=list(reversed(checkpoint['data_meta']['chars'])))
     torch.save(checkpoint, runs / 'reversed.pt')
     one_line_error(analyze(runs, 'vanilla_1', 'reversed.pt'), 'reversed.pt has another vocabulary')
     one_line_error(analyze(runs, 'reversed.pt'), 'is not tokenized as the runs')
@@ -348,13 +359,15 @@ def test_data_prepared_by_an_older_prepare_py(runs, tmp_path):
     one_line_error(analyze(tmp_path, 'old.pt'), 'has no val_doc_starts', '--windows=mid_text')
 
 
-# pick_device (model.py) turns these into one line; until that fix is in this branch, these fail with a traceback
+# pick_device (model.py) turns these into one line; until
+# that fix is in this branch, these fail with a traceback
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):
     if device.startswith('cuda') and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
     result = analyze(runs, 'vanilla_1', f'--device={device}')
-    assert result.returncode == 1 and result.stderr.count('\n') == 1 and device in result.stderr, result.stderr
+    assert result.returncode == 1 and result.stderr.count('\n') == 1 and device in result.stderr, \
+        result.stderr
 
 
 @pytest.mark.parametrize('out', ['taken', 'taken/metrics'])
@@ -368,7 +381,8 @@ def test_an_out_that_cannot_be_a_folder_is_refused_before_any_computing(runs, ou
 
 def test_a_relative_data_dir_is_found_from_another_folder(runs, tmp_path):
     checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
-    checkpoint['config']['data_dir'] = os.path.relpath(runs / 'data', HERE)  # as train.py run from the repository
+    checkpoint['config']['data_dir'] = os.path.relpath(runs / 'data', HERE)  # as train.py run
+                                                                             # from the repository
     torch.save(checkpoint, tmp_path / 'relative.pt')
     result = analyze(tmp_path, 'relative.pt', '--num_seqs=1', '--out=out')
     assert result.returncode == 0, result.stderr
