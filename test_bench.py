@@ -53,8 +53,8 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
 ])
 def test_bad_settings_exit_with_one_line_before_any_measuring(tmp_path, args, message):
     (tmp_path / 'taken').write_text('keep me')
-    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--device=cpu', *args], cwd=tmp_path,
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--device=cpu', *args],
+                         cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr
     assert run.stderr.splitlines()[-1] == message and run.stdout == ''  # stdout: no table, nothing measured
     assert sorted(os.listdir(tmp_path)) == ['taken'] and (tmp_path / 'taken').read_text() == 'keep me'
@@ -104,9 +104,9 @@ def test_kv_ratios_equal_the_formulas(smoke):
     assert all(row['matches'] for row in kv), [row for row in kv if not row['matches']]
 
 
-# Runs bench.py with torch.compile's backend swapped for 'eager': dynamo still traces every contender and keeps
-# its cache entries and recompile limit exactly as with inductor, but no kernels are generated, so this takes
-# seconds. It prints, after the report, how many frames dynamo tried and how many it compiled.
+# Runs bench.py with torch.compile's backend swapped for 'eager': dynamo still traces every contender and
+# keeps its cache entries and recompile limit exactly as with inductor, but no kernels are generated, so this
+# takes seconds. It prints, after the report, how many frames dynamo tried and how many it compiled.
 EAGER_BACKEND_BENCH = """
 import runpy, sys, torch
 from torch._dynamo.utils import counters
@@ -123,7 +123,8 @@ def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(
     assert len(VARIANTS) > 8
     run = subprocess.run([sys.executable, '-c', EAGER_BACKEND_BENCH, '--smoke', '--compile=True',
                           '--memory=False', '--decode_tokens=(2,)', '--device=cpu',
-                          f'--out={tmp_path / "bench.json"}'], cwd=HERE, capture_output=True, text=True, timeout=600)
+                          f'--out={tmp_path / "bench.json"}'], cwd=HERE, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert 'recompile_limit' not in run.stderr
     total, ok = map(int, run.stdout.splitlines()[-1].split()[1:])
@@ -132,15 +133,18 @@ def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(
     assert results['settings']['compile'] and {row['variant'] for row in results['decode']} == set(VARIANTS)
 
 
-# The 82M config's model at a tiny width and depth, its global batch of 1024 sequences cut to 8, on 2 CPU ranks
+# The 82M config's model at a tiny width and depth, its
+# global batch of 1024 sequences cut to 8, on 2 CPU ranks
 NODE_CHECK = ['--node_check', '--nproc=2', '--device=cpu', '--node_iters=4',
               f'--node_config={HERE}/config/resformer_82m.py']
-TINY_SHAPE = '--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 --gradient_accumulation_steps=1'
+TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 '
+              '--gradient_accumulation_steps=1')
 
 
 def node_check(cwd, train_args):
     return subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), *NODE_CHECK,
-                           f'--train_args={train_args}'], cwd=cwd, capture_output=True, text=True, timeout=300)
+                           f'--train_args={train_args}'], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_ranks(tmp_path):
@@ -158,8 +162,8 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
     assert job > 0 and abs(per_rank - job / 2) <= 1
     assert re.fullmatch(r'MFU per GPU: \d+\.\d%', next(line for line in lines if line.startswith('MFU')))
     # no GPU, no peak memory; the estimate is read from the config's header, "... about 45-60 GB ..."
-    assert (f"peak memory per GPU: not measured (CUDA only); {HERE}/config/resformer_82m.py's header estimates "
-            f"about 45-60 GB") in lines
+    assert (f"peak memory per GPU: not measured (CUDA only); {HERE}/config/resformer_82m.py's header "
+            f"estimates about 45-60 GB") in lines
     assert lines[-2].startswith("resume: exact: stopped at step 2 and resumed, the run's log (7 records) and")
     assert lines[-1].startswith('node check passed')
     # what it wrote: data that prepare.py's reader accepts, and two runs that ended alike
@@ -187,9 +191,9 @@ def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
                                          "resume)"),
     (['--device=cpu', '--node_config=nope.py'], "bench.py: node_config='nope.py' not found; name a config "
                                                 "file, e.g. config/resformer_82m.py"),
-    (['--device=cuda'], "bench.py: the node check found no GPU (torch.cuda.is_available() is False: no GPU, or "
-                        "a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with a tiny "
-                        "shape (docs/training.md, 'Checking a node')"),
+    (['--device=cuda'], "bench.py: the node check found no GPU (torch.cuda.is_available() is False: no GPU, "
+                        "or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with a "
+                        "tiny shape (docs/training.md, 'Checking a node')"),
 ])
 def test_node_check_settings_it_cannot_run_exit_with_one_line_before_any_run(tmp_path, args, message):
     if args == ['--device=cuda'] and torch.cuda.is_available():
