@@ -1,7 +1,7 @@
 """
 Every config file, and every run its header comment lists (the `train.py config/...` command lines), on a CPU:
-the settings load through train.py's defaults, the paper-size model builds (on the meta device, no memory) with
-the paper's parameter count and tokens per step, and the same model shrunk to a toy trains for one step.
+the settings load through train.py's defaults, the paper-size model builds (on the meta device, no memory)
+with the paper's parameter count and tokens per step, and the same model shrunk to a toy trains for one step.
 A new config file, or a new command line in a header, is picked up automatically.
 """
 
@@ -24,15 +24,18 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent
 CONFIGS = sorted((REPO / 'config').glob('*.py'))
-FRAGMENTS = {'paper_recipe.py'}  # settings shared by the full-scale configs, which exec it; it lists no runs itself
-# (n_layer, n_embd) -> the paper's parameter count for that shape; the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
+FRAGMENTS = {'paper_recipe.py'}  # settings shared by the full-scale configs, which exec it;
+                                 # it lists no runs itself
+# (n_layer, n_embd) -> the paper's parameter count for that shape;
+# the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
 PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 1.67e9}
 # sequence length -> sequences per step, about 2M tokens at every length (the paper's Table 3, ICLR A.5)
 PAPER_BATCH = {512: 4096, 2048: 1024, 8192: 256, 32_000: 64, 64_000: 32}
 # config -> its steps when not the recipe's 10,000: the 1.6B model's second-hand 200B tokens
 LONGER_RUNS = {'resformer_1b6.py': 100_000}
-# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, from the estimates in
-# paper_recipe.py (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention ablation needs half
+# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, from the estimates
+# in paper_recipe.py (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention ablation
+# needs half
 MICRO_BATCH_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
 
 
@@ -57,8 +60,8 @@ def header_runs(path):
 
 
 def header_evals(path):
-    """(downstream task list, eval.py command lines) from the file's comments: the `# Downstream tasks: a,b,...`
-    line (None without one) and the arguments after each `python eval.py`."""
+    """(downstream task list, eval.py command lines) from the file's comments: the
+    `# Downstream tasks: a,b,...` line (None without one) and the arguments after each `python eval.py`."""
     tasks, evals = None, []
     for line in path.read_text().splitlines():
         if line.startswith('# Downstream tasks:'):
@@ -84,7 +87,8 @@ def run_id(path, args):
 
 
 RUNS = [(path, ranks, args) for path in CONFIGS for ranks, args in header_runs(path)]
-RUNS += [(path, 1, [f'config/{path.name}']) for path in CONFIGS if not header_runs(path)]  # the file on its own
+RUNS += [(path, 1, [f'config/{path.name}'])
+         for path in CONFIGS if not header_runs(path)]  # the file on its own
 
 
 def settings_of(args):
@@ -111,7 +115,8 @@ def test_headers_that_speak_of_downstream_name_eval_py_defaults_and_its_commands
     eval.py command, with those defaults, for runs its header lists; and eval.py's default is the paper's six
     zero-shot tasks (HellaSwag, OpenBookQA, WinoGrande, ARC-Easy, ARC-Challenge, PIQA) plus WikiText."""
     default = eval_default_tasks()
-    assert default == ['hellaswag', 'openbookqa', 'winogrande', 'arc_easy', 'arc_challenge', 'piqa', 'wikitext']
+    assert default == ['hellaswag', 'openbookqa', 'winogrande', 'arc_easy', 'arc_challenge', 'piqa',
+                       'wikitext']
     speaking = [path for path in CONFIGS if 'downstream' in path.read_text().lower()]
     assert {path.name for path in speaking} >= {'baselines_468m.py', 'lengths_82m.py'}
     for path in speaking:
@@ -137,7 +142,8 @@ def test_run_builds_the_paper_model(path, ranks, args):
         model = GPT(model_config(settings, vocab_size=50304))
     L, d, ffn = model.config.n_layer, model.config.n_embd, model.config.ffn_hidden
     if (L, d) in PAPER_SIZES:
-        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d  # embedding, head, blocks, norms
+        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d  # embedding, head,
+                                                                                   # blocks, norms
         assert abs(vanilla / PAPER_SIZES[L, d] - 1) < 0.03, vanilla
         assert abs(model.num_params() / PAPER_SIZES[L, d] - 1) < 0.06, model.num_params()
     if settings['dataset'].startswith('slimpajama'):
@@ -163,10 +169,13 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
     names in lr_scales take their multiple of the rate."""
     settings = settings_of(args)
     torch.manual_seed(0)
-    model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16, vocab_size=64))
+    model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16,
+                             vocab_size=64))
     optimizer = model.configure_optimizers(settings['weight_decay'], settings['learning_rate'],
-                                           (settings['beta1'], settings['beta2']), 'cpu', settings['lr_scales'])
-    for group in optimizer.param_groups:  # the rate train.py sets at each step: the schedule's x the group's scale
+                                           (settings['beta1'], settings['beta2']), 'cpu',
+                                           settings['lr_scales'])
+    for group in optimizer.param_groups:  # the rate train.py sets at each step:
+                                          # the schedule's x the group's scale
         group['lr'] = settings['learning_rate'] * group['lr_scale']
     scaled = {id(p): group['lr_scale'] for group in optimizer.param_groups for p in group['params']}
     for name, multiplier in settings['lr_scales']:
@@ -184,23 +193,27 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
 
 
 def test_a_smaller_micro_batch_takes_the_same_step(tmp_path):
-    """Two steps of a tiny model on 8 sequences per step, in micro-batches of 4 and of 1: the same training losses
-    and the same validation loss after the updates (up to float rounding); the run says which micro-batch it took."""
+    """Two steps of a tiny model on 8 sequences per step, in micro-batches of 4 and of 1: the same training
+    losses and the same validation loss after the updates (up to float rounding); the run says which
+    micro-batch it took."""
     (tmp_path / 'tiny.txt').write_text(''.join(f'line {i}: to be or not to be\n' for i in range(300)))
     subprocess.run([sys.executable, REPO / 'prepare.py', '--input=tiny.txt', '--out_dir=data/tiny_char'],
                    cwd=tmp_path, check=True, capture_output=True)
     losses = {}
     for micro in (4, 1):
-        result = subprocess.run([sys.executable, REPO / 'train.py', '--dataset=tiny_char', '--n_layer=2', '--n_head=2',
-                                 '--n_embd=16', '--block_size=8', '--batch_size=4', '--gradient_accumulation_steps=2',
-                                 f'--micro_batch_size={micro}', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
-                                 '--log_interval=1', '--warmup_iters=0', '--lr_decay_iters=2', '--device=cpu',
-                                 '--compile=False', f'--out_dir=out{micro}'], cwd=tmp_path, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, REPO / 'train.py', '--dataset=tiny_char', '--n_layer=2',
+                                 '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=4',
+                                 '--gradient_accumulation_steps=2', f'--micro_batch_size={micro}',
+                                 '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
+                                 '--warmup_iters=0', '--lr_decay_iters=2', '--device=cpu', '--compile=False',
+                                 f'--out_dir=out{micro}'], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
-        assert f'64 tokens per step = 8 sequences x 8 tokens, 8 per rank in micro-batches of up to {micro};' in result.stdout
+        assert (f'64 tokens per step = 8 sequences x 8 tokens, 8 per rank in micro-batches of up to {micro};'
+                in result.stdout)
         log = [json.loads(line) for line in (tmp_path / f'out{micro}' / 'log.jsonl').read_text().splitlines()]
         losses[micro] = [record.get('train_loss', record.get('val_loss')) for record in log]
     assert len(losses[4]) == 4 and losses[1] == pytest.approx(losses[4], rel=1e-5)
     result = subprocess.run([sys.executable, REPO / 'train.py', '--micro_batch_size=0'], cwd=tmp_path,
                             capture_output=True, text=True)
-    assert result.returncode == 1 and result.stderr == 'train.py: micro_batch_size=0; use 1 or more sequences\n'
+    assert (result.returncode == 1
+            and result.stderr == 'train.py: micro_batch_size=0; use 1 or more sequences\n')
