@@ -175,23 +175,26 @@ def test_script_exits_with_one_line_on_stderr(tmp_path):
 def test_config_file_that_exits_is_a_one_line_error(tmp_path):
     for call in ("sys.exit()", "sys.exit(0)", "exit()"):
         exits = write(tmp_path, 'exits.py', f"import sys\nn_layer = 4\n{call}\n")
-        assert error([exits]) == f"config error in {exits}:3: it exits (sys.exit or exit); a config file only sets values"
+        assert error([exits]) == \
+            f"config error in {exits}:3: it exits (sys.exit or exit); a config file only sets values"
 
 
 def test_config_value_of_the_wrong_kind_names_the_key_and_type(tmp_path):
     lam = write(tmp_path, 'lam.py', "dropout = lambda: 0.5\n")
     assert error([lam]) == f"config error in {lam}: dropout expects float, got function"
     module = write(tmp_path, 'module.py', "import math as n_kv_head\n")
-    assert error([module]) == f"config error in {module}: n_kv_head expects a Python literal (None, a number, str, " \
-                              "bool, list or tuple), got module"
+    assert error([module]) == f"config error in {module}: n_kv_head expects a Python literal " \
+                              "(None, a number, str, bool, list or tuple), got module"
 
 
 def test_train_py_with_a_config_file_that_exits_fails_with_one_line(tmp_path):
     config = write(tmp_path, 'quits.py', "import sys\nmax_iters = 10\nsys.exit()\n")
-    result = subprocess.run([sys.executable, os.path.join(HERE, 'train.py'), config, f'--out_dir={tmp_path / "out"}'],
+    result = subprocess.run([sys.executable, os.path.join(HERE, 'train.py'), config,
+                             f'--out_dir={tmp_path / "out"}'],
                             capture_output=True, text=True, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (1, '')
-    assert result.stderr == f"config error in {config}:3: it exits (sys.exit or exit); a config file only sets values\n"
+    assert result.stderr == \
+        f"config error in {config}:3: it exits (sys.exit or exit); a config file only sets values\n"
     assert os.listdir(tmp_path) == ['quits.py']  # no out_dir, nothing written
 
 
@@ -201,7 +204,8 @@ def test_config_path_that_is_a_folder_or_not_utf8(tmp_path):
     assert error([str(folder)]) == f"config error: config file {folder} is a folder; name a .py file in it"
     latin1 = tmp_path / 'latin1.py'
     latin1.write_bytes("n_layer = 4  # caf\u00e9\n".encode('latin-1'))
-    assert error([str(latin1)]) == f"config error: config file {latin1} is not UTF-8 text (byte 18); save it as UTF-8"
+    assert error([str(latin1)]) == \
+        f"config error: config file {latin1} is not UTF-8 text (byte 18); save it as UTF-8"
 
 
 TYPES = {'n_kv_head': int, 'lambdas': list, 'compile_or_auto': bool}
@@ -222,10 +226,12 @@ def test_none_default_with_a_type_takes_only_that_type(arg, message):
 
 def test_none_default_with_a_type_takes_that_type_and_none():
     defaults = {'n_kv_head': None, 'lambdas': None, 'compile_or_auto': None}
-    config = configure(defaults, ['--n_kv_head=2', '--lambdas=[[0, 1], [0.5, 0.5]]', '--compile_or_auto=true'],
+    config = configure(defaults, ['--n_kv_head=2', '--lambdas=[[0, 1], [0.5, 0.5]]',
+                                  '--compile_or_auto=true'],
                        types=TYPES, verbose=False)
     assert config == {'n_kv_head': 2, 'lambdas': [[0, 1], [0.5, 0.5]], 'compile_or_auto': True}
-    assert configure(defaults, ['--n_kv_head=2', '--n_kv_head=None'], types=TYPES, verbose=False)['n_kv_head'] is None
+    assert configure(defaults, ['--n_kv_head=2', '--n_kv_head=None'], types=TYPES,
+                     verbose=False)['n_kv_head'] is None
 
 
 HELP_SCRIPT = '''"""A script that trains things."""
@@ -269,15 +275,16 @@ model: the shape
 def test_help_lists_settings_by_section_and_exits_0(tmp_path, flag):
     script = tmp_path / 'script.py'
     script.write_text(HELP_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), '--n_layer=4', flag], capture_output=True, text=True,
-                            env={**os.environ, 'PYTHONPATH': HERE})
+    result = subprocess.run([sys.executable, str(script), '--n_layer=4', flag], capture_output=True,
+                            text=True, env={**os.environ, 'PYTHONPATH': HERE})
     assert (result.returncode, result.stderr) == (0, '')
     assert result.stdout == HELP_TEXT
 
 
 @pytest.mark.parametrize('script', ['train.py', 'sample.py', 'analyze.py', 'bench.py', 'eval.py'])
 def test_help_of_the_real_scripts_lists_every_setting(script):
-    result = subprocess.run([sys.executable, os.path.join(HERE, script), '--help'], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, os.path.join(HERE, script), '--help'], capture_output=True,
+                            text=True)
     assert (result.returncode, result.stderr) == (0, ''), result.stderr
     module = ast.parse(open(os.path.join(HERE, script)).read())
     settings = list(dict.fromkeys(node.targets[0].id for node in module.body if isinstance(node, ast.Assign)
@@ -285,4 +292,5 @@ def test_help_of_the_real_scripts_lists_every_setting(script):
                                   and f"\n  --{node.targets[0].id}=" in result.stdout))  # in source order
     assert len(settings) >= 6
     lines = result.stdout.splitlines()
-    assert [line.split('=')[0].strip() for line in lines if line.startswith('  --')] == [f'--{s}' for s in settings]
+    assert [line.split('=')[0].strip() for line in lines if line.startswith('  --')] == \
+        [f'--{s}' for s in settings]
