@@ -1,4 +1,5 @@
-"""eval.py through lm_eval's full path (task YAML, local JSONL, simple_evaluate) on tiny models, with no network."""
+"""eval.py through lm_eval's full path (task YAML, local JSONL, simple_evaluate) on tiny models,
+with no network."""
 import json
 import os
 import shutil
@@ -45,7 +46,8 @@ def setup(monkeypatch):
 
 def save_checkpoint(model, path, data_meta=CHAR_META):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({'model': model.state_dict(), 'model_args': asdict(model.config), 'config': {}, 'data_meta': data_meta}, path)
+    torch.save({'model': model.state_dict(), 'model_args': asdict(model.config), 'config': {},
+                'data_meta': data_meta}, path)
     return path
 
 
@@ -68,17 +70,20 @@ def train_on_answers(variant, steps):
 
 @pytest.fixture(scope='module')
 def checkpoints(tmp_path_factory):
-    """variant -> path of a character-level checkpoint with random weights; 'gpt2' -> a GPT-2 BPE one (vocabulary
-    padded to 50304, as train.py does); 'trained' -> an Identity ResFormer trained on the answers."""
+    """variant -> path of a character-level checkpoint with random weights; 'gpt2' -> a GPT-2 BPE one
+    (vocabulary padded to 50304, as train.py does); 'trained' -> an Identity ResFormer trained on the
+    answers."""
     root = tmp_path_factory.mktemp('runs')
     paths = {}
     for variant in VARIANTS:
         torch.manual_seed(0)
-        paths[variant] = save_checkpoint(GPT(GPTConfig(**TINY, variant=variant)), str(root / variant / 'ckpt.pt'))
+        paths[variant] = save_checkpoint(GPT(GPTConfig(**TINY, variant=variant)),
+                                         str(root / variant / 'ckpt.pt'))
     torch.manual_seed(0)
     gpt2 = GPT(GPTConfig(**(TINY | dict(block_size=8, vocab_size=50304)), variant='resformer_identity'))
     paths['gpt2'] = save_checkpoint(gpt2, str(root / 'gpt2' / 'ckpt.pt'), GPT2_META)
-    paths['trained'] = save_checkpoint(train_on_answers('resformer_identity', steps=40), str(root / 'trained' / 'ckpt.pt'))
+    paths['trained'] = save_checkpoint(train_on_answers('resformer_identity', steps=40),
+                                       str(root / 'trained' / 'ckpt.pt'))
     return paths
 
 
@@ -133,8 +138,8 @@ metric_list:
 
 
 def direct_log_prob(model, vocab_size, context, continuation):
-    """(log P(continuation | context), whether it is the greedy continuation) from model.py alone: one sequence,
-    its last block_size + 1 tokens, probabilities over the tokenizer's vocabulary."""
+    """(log P(continuation | context), whether it is the greedy continuation) from model.py alone: one
+    sequence, its last block_size + 1 tokens, probabilities over the tokenizer's vocabulary."""
     tokens = (context + continuation)[-(model.config.block_size + 1):]
     with torch.no_grad():
         logits = model(torch.tensor([tokens[:-1]]))[0][0, :, :vocab_size]
@@ -150,14 +155,16 @@ def samples(results, task):
 
 @pytest.mark.parametrize('variant', VARIANTS + ('gpt2',))
 def test_loglikelihoods_equal_a_direct_computation(checkpoints, variant):
-    lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=5)  # 48 requests: batches of 5, the last of 3
+    lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=5)  # 48 requests: batches of 5,
+                                                                            # the last of 3
     results = evaluate(lm, ['tiny_choice'], log_samples=True)
     encode, vocab_size = lm.tokenizer.encode, lm.tokenizer.vocab_size
     items = samples(results, 'tiny_choice')
     assert len(items) == len(ITEMS)
     for item in items:
         for (context, continuation), [(log_prob, is_greedy)] in zip(item['arguments'], item['resps']):
-            expected, expected_greedy = direct_log_prob(lm.model, vocab_size, encode(context), encode(continuation))
+            expected, expected_greedy = direct_log_prob(lm.model, vocab_size, encode(context),
+                                                        encode(continuation))
             assert log_prob == pytest.approx(expected, abs=1e-5, rel=1e-5)
             assert is_greedy == expected_greedy
     assert results['results']['tiny_choice']['acc,none'] * len(ITEMS) == sum(
@@ -169,14 +176,16 @@ def test_rolling_loglikelihood_equals_a_direct_computation(checkpoints, extra_ta
     lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=4)
     results = evaluate(lm, ['tiny_rolling'], [LOCAL_TASKS_DIR, extra_tasks], log_samples=True)
     model, L, vocab_size = lm.model, lm.max_length, lm.tokenizer.vocab_size
-    # the token before a document: GPT-2's <|endoftext|>, or the newline that ends a character-level blank line
+    # the token before a document: GPT-2's <|endoftext|>,
+    # or the newline that ends a character-level blank line
     start_of_text = 50256 if variant == 'gpt2' else CHARS.index('\n')
     lengths = []
     for item in samples(results, 'tiny_rolling'):
         [(text,)] = item['arguments']
         ids = lm.tokenizer.encode(text)
         lengths.append(len(ids))
-        # lm_eval's scheme: windows of L predictions, each token predicted once; the last window reads a full L
+        # lm_eval's scheme: windows of L predictions, each
+        # token predicted once; the last window reads a full L
         seq = [start_of_text] + ids
         expected = 0.0
         for start in range(0, len(ids), L):
@@ -199,7 +208,8 @@ def test_greedy_generate_until_equals_model_generate(checkpoints, extra_tasks):
         [(context, gen_kwargs)] = item['arguments']
         ids = lm.tokenizer.encode(context)
         lengths.add(len(ids))
-        out = lm.model.generate(torch.tensor([ids[-lm.max_length:]]), 30, temperature=0, vocab_size=len(CHARS))
+        out = lm.model.generate(torch.tensor([ids[-lm.max_length:]]), 30, temperature=0,
+                                vocab_size=len(CHARS))
         expected = lm.tokenizer.decode(out[0, -30:].tolist()).split('?')[0]
         [[text]] = item['resps']
         assert text == expected
@@ -208,8 +218,10 @@ def test_greedy_generate_until_equals_model_generate(checkpoints, extra_tasks):
 
 def test_a_model_trained_on_the_answers_beats_chance_through_the_command_line(checkpoints):
     out_dir = os.path.dirname(checkpoints['trained'])
-    result = subprocess.run([sys.executable, EVAL_PY, f'--out_dir={out_dir}', '--tasks=tiny_choice', '--device=cpu'],
-                            capture_output=True, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    result = subprocess.run([sys.executable, EVAL_PY, f'--out_dir={out_dir}', '--tasks=tiny_choice',
+                             '--device=cpu'],
+                            capture_output=True, text=True, cwd=HERE,
+                            env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert result.returncode == 0, result.stderr
     with open(os.path.join(out_dir, 'ckpt_lm_eval.json')) as f:
         results = json.load(f)
@@ -254,7 +266,8 @@ def test_missing_data_is_a_one_line_error(checkpoints, extra_tasks):
 
 def test_without_lm_eval_eval_py_says_how_to_install_it():
     # None in sys.modules makes `import lm_eval` raise ImportError, as if it were not installed
-    code = f"import sys, runpy; sys.modules['lm_eval'] = None; runpy.run_path({EVAL_PY!r}, run_name='__main__')"
+    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; "
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     assert result.returncode == 1
     assert result.stderr == "eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`\n"
@@ -272,8 +285,8 @@ def test_help_works_without_lm_eval_and_comments_every_setting():
 
 
 def eval_cli(out_dir, *args, env=None):
-    return subprocess.run([sys.executable, EVAL_PY, f'--out_dir={out_dir}', '--tasks=tiny_choice', '--device=cpu',
-                           '--limit=2', *args], capture_output=True, text=True, cwd=HERE,
+    return subprocess.run([sys.executable, EVAL_PY, f'--out_dir={out_dir}', '--tasks=tiny_choice',
+                           '--device=cpu', '--limit=2', *args], capture_output=True, text=True, cwd=HERE,
                           env=dict(os.environ, OMP_NUM_THREADS='1', **(env or {})))
 
 
@@ -290,8 +303,10 @@ def one_line_error(result, *words):
     ('--num_fewshot=-1', ['num_fewshot=-1', 'use 0']),
 ])
 def test_bad_settings_exit_with_one_line_before_loading_anything(checkpoints, arg, words):
-    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['eval.py', '--out_dir=x', {arg!r}]; "
-            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")  # without lm_eval: checked before it is imported
+    code = (f"import sys, runpy; sys.modules['lm_eval'] = None; "
+            f"sys.argv = ['eval.py', '--out_dir=x', {arg!r}]; "
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")  # without lm_eval:
+                                                                  # checked before it is imported
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     one_line_error(result, *words)
     assert result.stderr.count('\n') == 1
