@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig, load_checkpoint
 
-torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation (100x slower on a busy machine)
+torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
+                          # (100x slower on a busy machine)
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -36,13 +37,15 @@ EXTRA_CASES = {
     'constant_rescaled': dict(variant='resformer_constant', value_rescale=True),
     'tied': dict(variant='resformer_identity', tie_embeddings=True),
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
-    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2,
+                               lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
     # value embeddings (nanochat): layers 2 and 4 of 4; with 3 layers also layer 1, whose V1 then carries them
     'value_embeds': dict(value_embeds=True),
     'value_embeds_resformer_gqa': dict(variant='resformer_identity', value_embeds=True, n_kv_head=2),
     'value_embeds_3_layers': dict(variant='resformer_identity', value_embeds=True, n_layer=3),
-    # the bank of values (BoV): layers 3 and 4 of 4 look their values up; with ResFormer, with an SVFormer layer
-    # below the bank and hand-picked λ, with shared keys, and with the residual's source inside the bank
+    # the bank of values (BoV): layers 3 and 4 of 4 look their values up; with ResFormer, with an SVFormer
+    # layer below the bank and hand-picked λ, with shared keys, and with the residual's source inside the
+    # bank
     'value_bank': dict(value_bank=True),
     'value_bank_resformer_gqa': dict(variant='resformer_identity', value_bank=True, n_kv_head=2),
     'value_bank_after_svformer_gqa': dict(value_residual=True, value_bank=True, n_kv_head=2,
@@ -50,7 +53,8 @@ EXTRA_CASES = {
     'value_bank_share_k': dict(variant='share_k', value_bank=True),
     'value_bank_source_in_bank': dict(variant='resformer_identity', residual_source=2, value_bank=True),
 }
-# The Sec. 4.4 ablations, with hand-picked λ rows (so a swapped λ1/λ2 or a wrong source shows) and GQA where it applies.
+# The Sec. 4.4 ablations, with hand-picked λ rows (so a swapped
+# λ1/λ2 or a wrong source shows) and GQA where it applies.
 MIXED = [(0, 1), (0.7, 0.6), (0.3, 0.9), (-0.4, 1.5)]
 ABLATION_CASES = {
     'source_v2': dict(variant='resformer_identity', residual_source=1),
@@ -185,14 +189,16 @@ def naive_forward(state, cfg, idx):
         if f'value_bank.{n}.weight' in W:  # a bank of values: V_n = γ_v E_n[token], no W_V
             assert p + 'attn.c_v.weight' not in W
             Vn = heads(W[p + 'attn.gamma_v'] * W[f'value_bank.{n}.weight'][idx], H_kv)
-            V = mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current') else Vn
+            V = (mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current')
+                 else Vn)
         elif p + 'attn.c_v.weight' in W:
             Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
             if f'value_embeds.{n}.weight' in W:  # V_n += 3σ(x[:12] W_g) E_n[token], one gate per KV head
                 gate = 3 * torch.sigmoid(h[..., :12] @ W[p + 'attn.ve_gate.weight'].T)
                 table = heads(W[f'value_embeds.{n}.weight'][idx], H_kv)
                 Vn = [v + gate[..., j:j + 1] * e for j, (v, e) in enumerate(zip(Vn, table))]
-            V = mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current') else Vn
+            V = (mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current')
+                 else Vn)
         elif cfg.share_kv in ('v', 'kv') and n % 2 == 1:
             V = V_prev
         else:
@@ -269,7 +275,8 @@ def test_value_residual_with_lambda_0_1_is_exactly_vanilla():
 
 
 def test_ablation_flags_default_to_the_paper():
-    """residual_source=0, residual_type='value', value_mapping='current' are the paper's ResFormer: the defaults."""
+    """residual_source=0, residual_type='value', value_mapping='current' are the paper's ResFormer:
+    the defaults."""
     assert tiny_config(variant='resformer_identity', residual_source=0, residual_type='value',
                        value_mapping='current') == tiny_config(variant='resformer_identity')
 
@@ -332,7 +339,8 @@ def test_gqa_with_n_kv_head_equal_n_head_is_mha():
 
 
 def repeat_kv_heads(weight, n_kv_head, group):
-    """(n_kv_head*hd, d) K or V projection -> (n_kv_head*group*hd, d), each KV head's rows repeated group times."""
+    """(n_kv_head*hd, d) K or V projection -> (n_kv_head*group*hd, d),
+    each KV head's rows repeated group times."""
     hd = weight.size(0) // n_kv_head
     return weight.view(n_kv_head, hd, -1).repeat_interleave(group, dim=0).reshape(n_kv_head * group * hd, -1)
 
@@ -343,7 +351,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads(variant):
     h // 2. With the value residual too: V1 is mixed per KV head, which commutes with the repetition."""
     gqa = tiny_model(variant=variant, n_kv_head=2)
     mha = GPT(tiny_config(variant=variant)).double().eval()
-    state = {k: (repeat_kv_heads(v, 2, 2) if ('c_k' in k or 'c_v' in k) else v) for k, v in gqa.state_dict().items()}
+    state = {k: (repeat_kv_heads(v, 2, 2) if ('c_k' in k or 'c_v' in k) else v)
+             for k, v in gqa.state_dict().items()}
     mha.load_state_dict(state)
     idx = random_tokens(gqa)
     torch.testing.assert_close(logits_of(mha, idx), logits_of(gqa, idx), rtol=0, atol=1e-10)
@@ -371,7 +380,8 @@ REFERENCE_CASES = {
     'share_v': dict(variant='share_v'),
     'tied': dict(variant='resformer_identity', tie_embeddings=True),
     # hand-picked λ: an SVFormer-style layer with λ1 != 1, mixed rows, a negative weight, with GQA
-    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2, lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
+    'custom_lambdas_gqa': dict(value_residual=True, n_kv_head=2,
+                               lambdas=[(0, 1), (0.7, 0), (0.3, 0.9), (-0.4, 1.5)]),
     'value_embeds_resformer_gqa': EXTRA_CASES['value_embeds_resformer_gqa'],
     'value_embeds_3_layers': EXTRA_CASES['value_embeds_3_layers'],
 } | {name: kw for name, kw in EXTRA_CASES.items() if name.startswith('value_bank')} | {
@@ -403,9 +413,11 @@ def test_each_ablation_flag_changes_the_model(case):
     residual type, other mapping) gives different logits from the paper's value residual from layer 1."""
     model = tiny_model(**ABLATION_CASES[case])
     cfg = model.config
-    paper = dataclasses.replace(cfg, variant='custom', residual_source=0, residual_type='value', value_mapping='current')
+    paper = dataclasses.replace(cfg, variant='custom', residual_source=0, residual_type='value',
+                                value_mapping='current')
     idx = random_tokens(model)
-    ablation, as_paper = naive_forward(model.state_dict(), cfg, idx), naive_forward(model.state_dict(), paper, idx)
+    ablation, as_paper = (naive_forward(model.state_dict(), cfg, idx),
+                          naive_forward(model.state_dict(), paper, idx))
     assert (ablation - as_paper).abs().max() > 1e-2
 
 
@@ -479,9 +491,10 @@ def test_incremental_decoding_matches_full_forward(case):
         model(idx[:, :1], kv_cache=cache)  # the cache is full
 
 
-@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer', 'svformer_gqa',
-                                  'value_embeds_resformer_gqa', 'value_bank_resformer_gqa',
-                                  'value_bank_after_svformer_gqa', 'value_bank_source_in_bank', *ABLATION_CASES])
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer', 'cla', 'denseformer',
+                                  'svformer_gqa', 'value_embeds_resformer_gqa', 'value_bank_resformer_gqa',
+                                  'value_bank_after_svformer_gqa', 'value_bank_source_in_bank',
+                                  *ABLATION_CASES])
 def test_greedy_generate_same_with_and_without_cache(case):
     """Greedy decoding gives the same tokens with and without the KV cache, also past block_size (16),
     where both crop the context to the last 16 tokens."""
@@ -499,8 +512,8 @@ def test_greedy_generate_same_with_and_without_cache(case):
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', 'denseformer',
                                   'attention_residual', 'value_bank_resformer_gqa'])
 def test_compiled_decoding_compiles_once_not_per_token(case):
-    """torch.compile traces the cached forward whole (fullgraph) and reuses it: once prompts of two lengths have
-    been seen, longer generations from other prompt lengths compile nothing new, and give the uncompiled
+    """torch.compile traces the cached forward whole (fullgraph) and reuses it: once prompts of two lengths
+    have been seen, longer generations from other prompt lengths compile nothing new, and give the uncompiled
     model's tokens. The 'eager' backend checks the tracing in seconds; sample.py --compile adds inductor."""
     torch._dynamo.reset()
     model, compiled = tiny_model(**ALL_CASES[case]), tiny_model(**ALL_CASES[case])  # the same weights
@@ -510,7 +523,8 @@ def test_compiled_decoding_compiles_once_not_per_token(case):
     compiled_after = []
     for prompt_len, n in [(5, 3), (6, 3), (7, 9), (4, 12)]:
         want = model.generate(idx[:, :prompt_len], n, temperature=0)
-        tokens = compiled.generate_tokens(idx[:, :prompt_len], n, temperature=0, kv_cache=compiled.new_kv_cache(16))
+        tokens = compiled.generate_tokens(idx[:, :prompt_len], n, temperature=0,
+                                          kv_cache=compiled.new_kv_cache(16))
         assert torch.equal(torch.cat([idx[:, :prompt_len], *tokens], dim=1), want)
         compiled_after.append(len(graphs))
     assert 0 < compiled_after[1] <= 4 and compiled_after[1] == compiled_after[3], compiled_after
@@ -537,8 +551,10 @@ def test_kv_cache_sizes():
     assert Fraction(cache_bytes(variant='cla', n_head=8), vanilla) == Fraction(1, 2)
     assert Fraction(cache_bytes(variant='share_k', n_head=8), vanilla) == Fraction(3, 4)
     assert Fraction(cache_bytes(variant='share_v', n_head=8), vanilla) == Fraction(3, 4)
-    # SVFormer from V2: layers 1 and 2 keep their values, so (L+2)/(2L); the other residuals cache like vanilla
-    assert Fraction(cache_bytes(variant='svformer', n_head=8, residual_source=1), vanilla) == Fraction(L + 2, 2 * L)
+    # SVFormer from V2: layers 1 and 2 keep their values,
+    # so (L+2)/(2L); the other residuals cache like vanilla
+    assert (Fraction(cache_bytes(variant='svformer', n_head=8, residual_source=1), vanilla)
+            == Fraction(L + 2, 2 * L))
     for kind in ('query', 'key', 'attention', 'hidden'):
         assert cache_bytes(variant='resformer_identity', n_head=8, residual_type=kind) == vanilla
     # value embeddings enter V_n before it is cached: no extra cache
@@ -547,7 +563,8 @@ def test_kv_cache_sizes():
     # with or without ResFormer: V_1 is cached by layer 1 and the bank is looked up again
     token_ids = 2 * 16 * 8  # batch × max_seq_len × int64
     for variant in ('vanilla', 'resformer_identity'):
-        assert cache_bytes(variant=variant, n_head=8, value_bank=True) == vanilla * Fraction(L + 2, 2 * L) + token_ids
+        assert (cache_bytes(variant=variant, n_head=8, value_bank=True)
+                == vanilla * Fraction(L + 2, 2 * L) + token_ids)
 
 
 @pytest.mark.parametrize('case', ALL_CASES)
@@ -561,9 +578,9 @@ def test_kv_bytes_per_token_is_what_a_cache_holds(case):
 
 
 def test_value_bank_caches_token_ids_and_looks_every_value_up_again():
-    """The bank's layers keep no value slot; the cache keeps the prompt's token ids. Changing γ_v after the prefill
-    changes the next token's logits exactly as a full forward with the new γ_v does: the cached positions' values
-    were looked up again, not read from a cache (which would still hold the old ones)."""
+    """The bank's layers keep no value slot; the cache keeps the prompt's token ids. Changing γ_v after the
+    prefill changes the next token's logits exactly as a full forward with the new γ_v does: the cached
+    positions' values were looked up again, not read from a cache (which would still hold the old ones)."""
     model = tiny_model(variant='resformer_identity', value_bank=True)
     assert [block.attn.v_slot for block in model.blocks] == [0, 1, None, None] and model.kv_slots == (4, 2, 1)
     idx = random_tokens(model, T=8)
@@ -579,8 +596,10 @@ def test_value_bank_caches_token_ids_and_looks_every_value_up_again():
 def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gates():
     """value_embeds=False builds the same parameters from the same seed (so every existing run is unchanged);
     True adds one vocab x kv_dim table and one 12 x n_kv_head gate per layer 2 and 4 of 4 (nanochat's
-    alternating placement, from the last layer), and the gates start in (0, 0.02) so 3σ starts just above 1.5."""
-    before, after = tiny_model(variant='resformer_identity'), tiny_model(variant='resformer_identity', value_embeds=False)
+    alternating placement, from the last layer), and the gates start in (0, 0.02) so 3σ starts just
+    above 1.5."""
+    before, after = (tiny_model(variant='resformer_identity'),
+                     tiny_model(variant='resformer_identity', value_embeds=False))
     assert all(torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
     torch.manual_seed(0)
     model = GPT(tiny_config(variant='resformer_identity', n_kv_head=2, value_embeds=True))
@@ -600,8 +619,8 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
 
 # ----------------------------------------------------------------------------------- parameter counts
 
-@pytest.mark.parametrize('n_layer, bank', [(2, [1]), (3, [2]), (4, [2, 3]), (8, [5, 6, 7]), (12, [8, 9, 10, 11]),
-                                           (24, list(range(16, 24)))])
+@pytest.mark.parametrize('n_layer, bank', [(2, [1]), (3, [2]), (4, [2, 3]), (8, [5, 6, 7]),
+                                           (12, [8, 9, 10, 11]), (24, list(range(16, 24)))])
 def test_value_bank_is_the_last_third_and_replaces_w_v_there(n_layer, bank):
     """BoV's layers: 0-based layer >= 2·n_layer // 3 (with 12 layers its "last 4", with 24 layers 16-23). Each
     has its own vocab x kv_dim table and one γ_v and no W_V; every other layer keeps its W_V."""
@@ -610,13 +629,14 @@ def test_value_bank_is_the_last_third_and_replaces_w_v_there(n_layer, bank):
     assert sorted(map(int, model.value_bank)) == bank
     assert [i for i, block in enumerate(model.blocks) if block.attn.c_v is None] == bank
     assert all(model.value_bank[str(i)].weight.shape == (64, 16) for i in bank)
-    assert [i for i, block in enumerate(model.blocks) if getattr(block.attn, 'gamma_v', None) is not None] == bank
+    assert [i for i, block in enumerate(model.blocks)
+            if getattr(block.attn, 'gamma_v', None) is not None] == bank
 
 
 @pytest.mark.parametrize('kw', [dict(), dict(variant='resformer_identity', n_kv_head=2), dict(n_layer=8)])
 def test_value_bank_parameter_count_is_the_formula(kw):
-    """A bank adds vocab·kv_dim + 1 (its table and γ_v) and removes d·kv_dim (W_V) in each of its layers; as lookups,
-    its tables are left out with the embedding."""
+    """A bank adds vocab·kv_dim + 1 (its table and γ_v) and removes d·kv_dim (W_V) in each of its layers;
+    as lookups, its tables are left out with the embedding."""
     plain, bank = GPT(tiny_config(**kw)), GPT(tiny_config(value_bank=True, **kw))
     cfg = bank.config
     n_bank, d, kv_dim = len(bank.value_bank), cfg.n_embd, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
@@ -628,10 +648,11 @@ def test_value_bank_parameter_count_is_the_formula(kw):
 
 def test_value_bank_off_is_the_model_before_and_on_starts_as_values_of_the_token_embedding():
     """value_bank=False builds the same parameters from the same seed. With it on, each table starts as
-    RMSNorm(wte) W_V^T for a W_V of the init's std 0.02 (its own for each layer): a least-squares fit of the table
-    on the normed embedding is exact and finds such a W_V, while the un-normed embedding does not fit. γ_v starts
-    at 1."""
-    before, after = tiny_model(variant='resformer_identity'), tiny_model(variant='resformer_identity', value_bank=False)
+    RMSNorm(wte) W_V^T for a W_V of the init's std 0.02 (its own for each layer): a least-squares fit of the
+    table on the normed embedding is exact and finds such a W_V, while the un-normed embedding does not fit.
+    γ_v starts at 1."""
+    before, after = (tiny_model(variant='resformer_identity'),
+                     tiny_model(variant='resformer_identity', value_bank=False))
     assert all(torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
     torch.manual_seed(0)
     model = GPT(tiny_config(value_bank=True, n_kv_head=2))
@@ -738,8 +759,8 @@ def test_learnable_lambdas_start_at_config_and_train(variant):
     dict(variant='resformer_identity', value_bank=True, n_kv_head=2),
 ])
 def test_configure_optimizers_decay_groups(kw):
-    """Weight decay on every matrix and embedding (a bank's tables too); none on RMSNorm gains, λ, DenseFormer α
-    or a bank's γ_v; each trainable parameter in exactly one group."""
+    """Weight decay on every matrix and embedding (a bank's tables too); none on RMSNorm gains, λ,
+    DenseFormer α or a bank's γ_v; each trainable parameter in exactly one group."""
     model = GPT(tiny_config(**kw))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
     decay, no_decay = optimizer.param_groups
@@ -758,11 +779,13 @@ def test_configure_optimizers_decay_groups(kw):
 
 # -------------------------------------------------------------------------------------- analysis stats
 
-# Layers (0-based, of 4) whose attention goes beyond the paper's path; every other case uses the paper's alone.
+# Layers (0-based, of 4) whose attention goes beyond the
+# paper's path; every other case uses the paper's alone.
 ABLATION_LAYERS = {
-    'cla': [1, 3], 'share_k': [1, 3], 'share_v': [1, 3], 'value_embeds': [1, 3], 'value_embeds_3_layers': [0, 2],
-    'value_embeds_resformer_gqa': [1, 3], 'value_bank': [2, 3], 'value_bank_resformer_gqa': [2, 3],
-    'value_bank_after_svformer_gqa': [2, 3], 'value_bank_share_k': [1, 2, 3], 'value_bank_source_in_bank': [2, 3],
+    'cla': [1, 3], 'share_k': [1, 3], 'share_v': [1, 3],
+    'value_embeds': [1, 3], 'value_embeds_3_layers': [0, 2], 'value_embeds_resformer_gqa': [1, 3],
+    'value_bank': [2, 3], 'value_bank_resformer_gqa': [2, 3], 'value_bank_after_svformer_gqa': [2, 3],
+    'value_bank_share_k': [1, 2, 3], 'value_bank_source_in_bank': [2, 3],
     'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
     'query_residual': [1, 2, 3], 'key_residual': [1, 2, 3], 'learnable_key_residual': [1, 2, 3],
     'mapping_first': [1, 2, 3], 'mapping_first_rescaled': [1, 2, 3], 'mapping_identity': [1, 2, 3],
@@ -781,11 +804,12 @@ def test_each_layer_gets_the_paper_attention_unless_an_ablation_changes_it(case)
     assert [i for i, kind in enumerate(kinds) if kind is AblationAttention] == ABLATION_LAYERS.get(case, [])
 
 
-@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa', 'resformer_learnable_plus'])
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa',
+                                  'resformer_learnable_plus'])
 def test_ablation_attention_computes_the_paper_path_exactly(case):
-    """AblationAttention repeats CausalSelfAttention.forward with the ablations added: with none of them set, in
-    place of the paper's attention in every layer (same weights), it gives the same logits, bit for bit, in a
-    full forward and when decoding with the KV cache."""
+    """AblationAttention repeats CausalSelfAttention.forward with the ablations added: with none of them set,
+    in place of the paper's attention in every layer (same weights), it gives the same logits, bit for bit, in
+    a full forward and when decoding with the KV cache."""
     model = tiny_model(**ALL_CASES[case])
     idx = random_tokens(model)
 
@@ -805,7 +829,8 @@ def test_ablation_attention_computes_the_paper_path_exactly(case):
     assert torch.equal(ablation[0], paper[0]) and torch.equal(ablation[1], paper[1])
 
 
-@pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer', 'attention_residual_v2', 'hidden_h1'])
+@pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer', 'attention_residual_v2',
+                                  'hidden_h1'])
 def test_stats_path_same_logits_and_fills_stats(case):
     """forward(stats={}) computes the same model, bit for bit, and records per-layer causal attention
     probabilities (rows sum to 1), keys, values (V'_n) and hidden states."""
@@ -897,10 +922,12 @@ BAD_CONFIGS = {
     'variant with conflicting value_residual': dict(variant='vanilla', value_residual=True),
     'variant with conflicting lambdas': dict(variant='resformer_identity', lambdas=[(0, 1)] + [(2, 1)] * 3),
     'variant with conflicting lambda_mode': dict(variant='svformer', lambda_mode='learnable'),
-    'plus with a zero lambda1': dict(value_residual=True, lambda_mode='plus', lambdas=[(0, 1), (0.5, 0.5), (0, 1), (1, 1)]),
+    'plus with a zero lambda1': dict(value_residual=True, lambda_mode='plus',
+                                     lambdas=[(0, 1), (0.5, 0.5), (0, 1), (1, 1)]),
     'value_residual with one layer': dict(value_residual=True, n_layer=1),
     'svformer with one layer': dict(variant='svformer', n_layer=1),
-    'rescale by zero': dict(value_residual=True, value_rescale=True, lambdas=[(0, 1), (1, -1), (1, 1), (1, 1)]),
+    'rescale by zero': dict(value_residual=True, value_rescale=True,
+                            lambdas=[(0, 1), (1, -1), (1, 1), (1, 1)]),
     'unknown lambda_mode': dict(value_residual=True, lambda_mode='adaptive'),
     'unknown share_kv': dict(share_kv='q'),
     'zero heads': dict(n_head=0),
@@ -931,12 +958,15 @@ BAD_CONFIGS = {
     'value_mapping without value_residual': dict(value_mapping='first'),
     'unknown residual_type': dict(variant='resformer_identity', residual_type='output'),
     'unknown value_mapping': dict(variant='resformer_identity', value_mapping='last'),
-    'value_mapping=first on queries': dict(variant='resformer_identity', residual_type='query', value_mapping='first'),
-    'row up to the source is mixed': dict(value_residual=True, residual_source=1, lambdas=[(0, 1)] + [(0.5, 0.5)] * 3),
+    'value_mapping=first on queries': dict(variant='resformer_identity', residual_type='query',
+                                           value_mapping='first'),
+    'row up to the source is mixed': dict(value_residual=True, residual_source=1,
+                                          lambdas=[(0, 1)] + [(0.5, 0.5)] * 3),
     'query residual with a zero own weight': dict(variant='svformer', residual_type='query'),
     'hidden residual with a zero own weight': dict(variant='svformer', residual_type='hidden'),
     'mapping first with a zero own weight': dict(variant='svformer', value_mapping='first'),
-    'key residual with share_kv=k': dict(variant='custom', value_residual=True, residual_type='key', share_kv='k'),
+    'key residual with share_kv=k': dict(variant='custom', value_residual=True, residual_type='key',
+                                         share_kv='k'),
 }
 
 
@@ -957,10 +987,14 @@ def test_bad_config_messages_name_the_problem():
     assert 'resformer_bogus' in message(variant='resformer_bogus')
     assert 'share_kv' in message(variant='svformer', share_kv='k')
     assert 'lambdas[0]' in message(value_residual=True, lambdas=[(0.5, 0.5)] * 4)
-    assert 'lambdas[1]' in message(value_residual=True, residual_source=1, lambdas=[(0, 1)] + [(0.5, 0.5)] * 3)
-    for kw, words in [(dict(n_kv_head=2.5), ('n_kv_head', 'integer')), (dict(ffn_hidden=-3), ('ffn_hidden', 'positive')),
-                      (dict(rope_theta=0.0), ('rope_theta', 'positive')), (dict(dropout=1.0), ('dropout', '[0, 1)')),
-                      (dict(value_residual=True, lambdas=[(0, 1)] * 3 + [(float('nan'), 1)]), ('lambdas', 'finite')),
+    assert 'lambdas[1]' in message(value_residual=True, residual_source=1,
+                                   lambdas=[(0, 1)] + [(0.5, 0.5)] * 3)
+    for kw, words in [(dict(n_kv_head=2.5), ('n_kv_head', 'integer')),
+                      (dict(ffn_hidden=-3), ('ffn_hidden', 'positive')),
+                      (dict(rope_theta=0.0), ('rope_theta', 'positive')),
+                      (dict(dropout=1.0), ('dropout', '[0, 1)')),
+                      (dict(value_residual=True, lambdas=[(0, 1)] * 3 + [(float('nan'), 1)]),
+                       ('lambdas', 'finite')),
                       (dict(variant='resformer_identity', residual_source=3), ('residual_source', '0 to 2'))]:
         assert all(word in message(**kw) for word in words), (kw, message(**kw))
     assert 'divisible' not in message(n_kv_head=2.5)
@@ -991,7 +1025,8 @@ def test_sequence_longer_than_block_size_raises():
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def save_checkpoint(model, path):
-    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config),
+                'data_meta': {}}, path)
 
 
 def test_load_checkpoint_round_trip(tmp_path):
@@ -1006,7 +1041,8 @@ def test_load_checkpoint_round_trip(tmp_path):
 
 
 def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
-    """A state_dict saved from DDP(torch.compile(model)) names its weights module._orig_mod.*; it still loads."""
+    """A state_dict saved from DDP(torch.compile(model)) names its weights module._orig_mod.*;
+    it still loads."""
     model = tiny_model(variant='resformer_identity', dtype=torch.float32)
     path = tmp_path / 'wrapped.pt'
     torch.save({'model': {'module._orig_mod.' + k: v for k, v in model.state_dict().items()},
@@ -1017,7 +1053,8 @@ def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
 
 def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     """Random bytes: 'not a checkpoint written by train.py', never torch's weights_only=False advice (which
-    would run code from the file). A missing file: how to make one, with no flag another script may not take."""
+    would run code from the file). A missing file: how to make one, with no flag another script may not
+    take."""
     path = tmp_path / 'noise.pt'
     path.write_bytes(bytes(range(256)) * 8)
     with pytest.raises(SystemExit) as e:
@@ -1027,12 +1064,13 @@ def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
     assert 'not a checkpoint written by train.py' in e.value.code
-    model = tiny_model(dtype=torch.float32)  # weights, but nothing to read text with (sample, eval, analyze need it)
+    model = tiny_model(dtype=torch.float32)  # weights, but nothing to read text with
+                                             # (sample, eval, analyze need it)
     torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
-    assert e.value.code == (f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
-                            "point to a checkpoint written by train.py")
+    assert e.value.code == (f"checkpoint {path} has no data_meta, so the tokenizer its text needs is "
+                            "unknown; point to a checkpoint written by train.py")
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(tmp_path / 'missing.pt'))
     assert 'python train.py' in e.value.code and '--' not in e.value.code
@@ -1081,17 +1119,18 @@ def test_model_py_alone_builds_trains_and_generates(tmp_path):
                               cached=cached, plain=plain, prompt=idx[:, :4].tolist(), model_file=sys.modules['model'].__file__,
                               path=sys.path, files=[getattr(m, '__file__', None) or '' for m in list(sys.modules.values())])))
     """))
-    result = subprocess.run([sys.executable, '-E', '-s', 'use_model.py'], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run([sys.executable, '-E', '-s', 'use_model.py'], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
     assert math.isfinite(out['loss']) and out['all_trained']
     assert Path(out['model_file']).parent == tmp_path
-    repo, env = str(source.parent), sys.prefix  # the venv may live in the repository (the README puts it there)
+    repo, env = str(source.parent), sys.prefix  # the venv may live in the repository
+                                                # (the README puts it there)
 
     def inside(path):
         return path.startswith(repo + '/') and not path.startswith(env + '/')
     assert not any(entry in ('', repo) or inside(entry) for entry in out['path'][1:]), out['path']
     assert not any(inside(f) for f in out['files'])  # nothing of this project was imported
-    assert out['cached'] == out['plain'] and len(out['cached'][0]) == 10 and all(row[:4] == p for row, p in
-                                                                                zip(out['cached'], out['prompt']))
+    assert out['cached'] == out['plain'] and len(out['cached'][0]) == 10 and all(
+        row[:4] == p for row, p in zip(out['cached'], out['prompt']))
