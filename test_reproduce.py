@@ -1,4 +1,5 @@
-"""reproduce.py without training: its statistics and reports on synthetic runs, and the runner's skip/resume logic."""
+"""reproduce.py without training: its statistics and reports on synthetic runs,
+and the runner's skip/resume logic."""
 import dataclasses
 import json
 import math
@@ -21,7 +22,8 @@ from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, pa
 
 @pytest.fixture(autouse=True)
 def probe(monkeypatch):
-    """The probe trains a tiny model; here every summary's code counts as today's unless a test says otherwise."""
+    """The probe trains a tiny model; here every summary's code counts as today's
+    unless a test says otherwise."""
     monkeypatch.setattr(reproduce, 'probe', lambda settings: [4.0, 3.9, 3.8, 3.7])
 
 
@@ -37,15 +39,18 @@ def test_statistics():
     assert crossing_step(curve, 5.0) == 0 and crossing_step(curve, 1.0) is None
     matched, extrapolated = parameters_for_loss([(1e7, 2.0), (1e6, 3.0)], 2.5)  # halfway in log(parameters)
     assert matched == pytest.approx(math.sqrt(1e13)) and not extrapolated
-    matched, extrapolated = parameters_for_loss([(1e6, 3.0), (1e7, 2.0)], 1.5)  # past the largest: along its segment
+    matched, extrapolated = parameters_for_loss([(1e6, 3.0), (1e7, 2.0)], 1.5)  # past the largest:
+                                                                                # along its segment
     assert matched == pytest.approx(math.sqrt(1e15)) and extrapolated
-    a, b = loglinear_fit([(1.0, 1.0), (math.e, 0.0), (math.e ** 2, 0.5)])  # least squares on ln(params) = 0, 1, 2
+    a, b = loglinear_fit([(1.0, 1.0), (math.e, 0.0), (math.e ** 2, 0.5)])  # least squares
+                                                                           # on ln(params) = 0, 1, 2
     assert (a, b) == (pytest.approx(0.75), pytest.approx(-0.25))
 
 
 def summary(settings, final, curve, params, kv=2048, lambdas=None, grads=None):
-    return {'settings': settings, 'curve': curve, 'final_val_loss': final, 'params': params, 'kv_bytes_per_token': kv,
-            'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0, 'commit': 'abc', 'probe': [4.0, 3.9, 3.8, 3.7]}
+    return {'settings': settings, 'curve': curve, 'final_val_loss': final, 'params': params,
+            'kv_bytes_per_token': kv, 'lambdas': lambdas, 'mean_grad_norms': grads, 'seconds': 60.0,
+            'commit': 'abc', 'probe': [4.0, 3.9, 3.8, 3.7]}
 
 
 def write_summaries(results_dir, suite, make):
@@ -57,9 +62,10 @@ def write_summaries(results_dir, suite, make):
 
 
 def test_scaling_report_gives_the_savings_of_synthetic_runs(tmp_path):
-    """Transformer loss falls 0.5 per 10x parameters; ResFormer is 0.25 lower at every size (0.23 for seed 1338),
-    0.24 on average, which a Transformer reaches at 10^0.48 times the size (saving 1 - 10^-0.48 = 66.9%). ResFormer's
-    curve reaches the Transformer's final loss at step 300 of 600 (token saving 50%)."""
+    """Transformer loss falls 0.5 per 10x parameters; ResFormer is 0.25 lower at every size (0.23 for
+    seed 1338), 0.24 on average, which a Transformer reaches at 10^0.48 times the size (saving
+    1 - 10^-0.48 = 66.9%). ResFormer's curve reaches the Transformer's final loss at step 300 of 600
+    (token saving 50%)."""
     sizes = [d for _, d in reproduce.SIZES['cpu']]
 
     def make(label, settings):
@@ -73,7 +79,8 @@ def test_scaling_report_gives_the_savings_of_synthetic_runs(tmp_path):
     report = reproduce.write_report('scaling', 'cpu', [1337, 1338], tmp_path).read_text()
     row = next(line for line in report.splitlines() if line.startswith('| resformer_identity L2 d64 | 2 |'))
     assert '| -0.2400 ± 0.0141 | -24.0 | 300 |' in row  # paired Δ, t, crossing step
-    savings = [line for line in report.splitlines() if line.startswith('| resformer_identity') and '%' in line]
+    savings = [line for line in report.splitlines()
+               if line.startswith('| resformer_identity') and '%' in line]
     assert len(savings) == 4
     for line in savings:  # on an exact line, the piecewise reading and the fit agree
         assert line.count('| 66.9% |') == 2 and line.endswith('| 66.9% | 50.0% |')
@@ -82,7 +89,8 @@ def test_scaling_report_gives_the_savings_of_synthetic_runs(tmp_path):
 
 
 def test_lr_and_kv_reports(tmp_path):
-    """Gradient-norm ratios (2x on layer 1's W_V) and KV ratios / loss gaps come out of the summaries as written."""
+    """Gradient-norm ratios (2x on layer 1's W_V) and KV ratios / loss gaps
+    come out of the summaries as written."""
     def make_lr(label, settings):
         factor = 1.0 if label.startswith('vanilla') else 2.0
         grads = {'blocks.0.attn.c_v.weight': 0.1 * factor, 'blocks.0.attn.c_proj.weight': 0.2,
@@ -90,11 +98,13 @@ def test_lr_and_kv_reports(tmp_path):
         return summary(settings, 2.0, [[0, 4.0], [600, 2.0]], 10 ** 6, grads=grads)
     write_summaries(tmp_path, 'lr', make_lr)
     report = reproduce.write_report('lr', 'cpu', [1337, 1338], tmp_path).read_text()
-    assert '| resformer_identity lr=0.004 | 0.200 / 0.100 = 2.00× | 0.200 / 0.200 = 1.00× | 0.300 / 0.300 = 1.00× |' in report
+    assert ('| resformer_identity lr=0.004 | 0.200 / 0.100 = 2.00× | 0.200 / 0.200 = 1.00× | '
+            '0.300 / 0.300 = 1.00× |') in report
 
     def make_kv(label, settings):
         kv = 1024 if label.startswith('svformer') else 2048
-        return summary(settings, 2.1 if label.startswith('svformer') else 2.0, [[0, 4.0], [600, 2.0]], 10 ** 6, kv=kv)
+        return summary(settings, 2.1 if label.startswith('svformer') else 2.0, [[0, 4.0], [600, 2.0]],
+                       10 ** 6, kv=kv)
     write_summaries(tmp_path, 'kv', make_kv)
     report = reproduce.write_report('kv', 'cpu', [1337, 1338], tmp_path).read_text()
     assert '| svformer T=512 | 0.500 | +0.1000 |' in report and '| cla T=128 | 1.000 | +0.0000 |' in report
@@ -110,14 +120,16 @@ def test_learned_lambdas_are_reported_per_layer(tmp_path):
 
 
 def fake_training(monkeypatch):
-    """Replace train.py by a stand-in that writes a finished run's log and checkpoint; returns the commands it gets."""
+    """Replace train.py by a stand-in that writes a finished run's log and checkpoint;
+    returns the commands it gets."""
     commands = []
 
     def fake_train(command, env, stdout):
         commands.append(command)
         out_dir = Path(next(a for a in command if a.startswith('--out_dir=')).split('=', 1)[1])
         (out_dir / 'log.jsonl').write_text(json.dumps({'step': 600, 'val_loss': 2.0}) + '\n')
-        torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)}, out_dir / 'ckpt.pt')
+        torch.save({'model_args': dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, block_size=64)},
+                   out_dir / 'ckpt.pt')
         return 0
     monkeypatch.setattr(reproduce, 'train', fake_train)
     return commands
@@ -125,18 +137,21 @@ def fake_training(monkeypatch):
 
 def trained_runs(commands):
     """(run folder name, resumed?) for each command the stand-in got."""
-    return [(Path(next(a for a in c if a.startswith('--out_dir=')).split('=', 1)[1]).name, '--init_from=resume' in c)
+    return [(Path(next(a for a in c if a.startswith('--out_dir=')).split('=', 1)[1]).name,
+             '--init_from=resume' in c)
             for c in commands]
 
 
 def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
-    """Finished (summary written): not run. Interrupted after a checkpoint: resumed. Killed before one: restarted."""
+    """Finished (summary written): not run. Interrupted after a checkpoint: resumed.
+    Killed before one: restarted."""
     commands = fake_training(monkeypatch)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:3]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     finished, interrupted, killed = (name for _, name, _ in runs)
     (results / 'runs').mkdir(parents=True)
-    (results / 'runs' / f'{finished}.json').write_text(json.dumps(summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)))
+    (results / 'runs' / f'{finished}.json').write_text(
+        json.dumps(summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)))
     (runs_dir / interrupted).mkdir(parents=True)
     (runs_dir / interrupted / 'ckpt.pt').write_bytes(b'a checkpoint')
     (runs_dir / interrupted / 'probe.json').write_text('[4.0, 3.9, 3.8, 3.7]')  # started by today's code
@@ -149,29 +164,33 @@ def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monke
     assert '--init_from=resume' in ran[interrupted] and '--init_from=resume' not in ran[killed]
     assert '--seed=1337' in ran[killed] and f"--variant={runs[2][2]['variant']}" in ran[killed]
     done = json.loads((results / 'runs' / f'{killed}.json').read_text())
-    assert done['final_val_loss'] == 2.0 and done['params'] > 0 and done['kv_bytes_per_token'] == 2 * 2 * 2 * 16 * 2
+    assert (done['final_val_loss'] == 2.0 and done['params'] > 0
+            and done['kv_bytes_per_token'] == 2 * 2 * 2 * 16 * 2)
     commands.clear()
-    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {} and commands == []  # all done now
+    assert (reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
+            and commands == [])  # all done now
 
 
 def test_run_names_identify_settings():
     """Equal settings share a run across suites; different ones never collide."""
-    names = {name for suite in reproduce.SUITES for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
+    names = {name for suite in reproduce.SUITES
+             for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
-    # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer and
-    # value embeddings are other suites'); controls: 3 new (its Transformer and Identity are depth's)
+    # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer
+    # and value embeddings are other suites'); controls: 3 new (its Transformer and Identity are depth's)
     assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 3 * 3
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2' in reproduce.suite_runs(
         'controls', 'cpu', [1337])[2][1]
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
-    assert kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1] == 'cpu_variant=vanilla_seed=1337'
+    assert (kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1]
+            == 'cpu_variant=vanilla_seed=1337')
 
 
 def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_costs_parameters():
-    """At the cpu scale (vocabulary 128 = d) a bank's tables cost what its layers' W_V did, so there is no widened
-    Transformer, and every run but the bank's own is another suite's. At the bpe scale (vocabulary 50,304) the
-    widened Transformer has the bank's parameters to within half a SwiGLU unit a layer."""
+    """At the cpu scale (vocabulary 128 = d) a bank's tables cost what its layers' W_V did, so there is no
+    widened Transformer, and every run but the bank's own is another suite's. At the bpe scale (vocabulary
+    50,304) the widened Transformer has the bank's parameters to within half a SwiGLU unit a layer."""
     assert not any('ffn=' in label for label, _, _ in reproduce.suite_groups('value_bank', 'cpu'))
     others = {name for suite in reproduce.SUITES if suite != 'value_bank'
               for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337])}
@@ -186,7 +205,8 @@ def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_
             model = GPT(GPTConfig(**{k: v for k, v in settings.items() if k in model_args}, vocab_size=50304))
         return model.num_params()
     for depth in (4, 8):
-        [wide] = [label for label in groups if label.startswith('vanilla ffn=') and label.endswith(f' L{depth}')]
+        [wide] = [label for label in groups
+                  if label.startswith('vanilla ffn=') and label.endswith(f' L{depth}')]
         bank, transformer = params(f'value_bank L{depth}'), params(f'vanilla L{depth}')
         tables = depth - 2 * depth // 3  # each 50,304 x 128 with its γ_v, in place of a 128 x 128 W_V
         assert bank - transformer == tables * ((50304 - 128) * 128 + 1)
@@ -194,8 +214,8 @@ def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_
 
 
 def test_value_bank_report_gives_kv_and_parameter_ratios(tmp_path):
-    """Beside each loss gap, the KV bytes and the parameters against the same-depth Transformer, as the summaries
-    have them."""
+    """Beside each loss gap, the KV bytes and the parameters against the same-depth Transformer, as the
+    summaries have them."""
     def make(label, settings):
         depth = settings.get('n_layer', 4)
         kv = (3 if 'value_bank' in label else 4) * 512 * depth // 4
@@ -209,10 +229,12 @@ def test_value_bank_report_gives_kv_and_parameter_ratios(tmp_path):
 
 
 def test_bpe_scale_trains_what_config_small_value_bank_trains():
-    """config/small_value_bank.py (single runs with train.py) and the bpe scale (reproduce.py's seeded suite) are
-    the same runs: every setting the file sets is the scale's, and its widened Transformer is the suite's."""
+    """config/small_value_bank.py (single runs with train.py) and the bpe scale (reproduce.py's seeded suite)
+    are the same runs: every setting the file sets is the scale's, and its widened Transformer is the
+    suite's."""
     path = REPO / 'config' / 'small_value_bank.py'
-    settings = configure(reproduce.SCALES['bpe'] | dict(variant='vanilla', value_bank=False), [str(path)], verbose=False)
+    settings = configure(reproduce.SCALES['bpe'] | dict(variant='vanilla', value_bank=False), [str(path)],
+                         verbose=False)
     assert {k: settings[k] for k in reproduce.SCALES['bpe']} == reproduce.SCALES['bpe']
     assert settings['value_bank'] and settings['variant'] == 'vanilla'
     widths = [reproduce.matched_ffn('bpe', n_layer, dict(value_bank=True)) for n_layer in (4, 8)]
@@ -220,16 +242,17 @@ def test_bpe_scale_trains_what_config_small_value_bank_trains():
 
 
 def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tmp_path, monkeypatch, capsys):
-    """A summary whose probe differs from today's code's (or that has none) is stale: reported, kept, and retrained
-    only with retrain=True. A truncated summary is unreadable and retrained anyway. A run folder started by other
-    code is trained afresh, not resumed."""
+    """A summary whose probe differs from today's code's (or that has none) is stale: reported, kept, and
+    retrained only with retrain=True. A truncated summary is unreadable and retrained anyway. A run folder
+    started by other code is trained afresh, not resumed."""
     commands = fake_training(monkeypatch)
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:4]
     results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
     (results / 'runs').mkdir(parents=True)
     names = [name for _, name, _ in runs]
     good = summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)
-    for name, content in zip(names, [good, good | {'probe': [4.0, 3.9, 3.8, 3.6]}, {k: v for k, v in good.items() if k != 'probe'}]):
+    for name, content in zip(names, [good, good | {'probe': [4.0, 3.9, 3.8, 3.6]},
+                                     {k: v for k, v in good.items() if k != 'probe'}]):
         (results / 'runs' / f'{name}.json').write_text(json.dumps(content))
     (results / 'runs' / f'{names[3]}.json').write_text(json.dumps(good)[:40])  # cut short
     (runs_dir / names[3]).mkdir(parents=True)
@@ -239,13 +262,16 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
     assert states == ['done', 'stale', 'stale', 'unreadable']
 
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
-    assert trained_runs(commands) == [(names[3], False)]  # the unreadable one only, from scratch: its checkpoint was other code's
-    assert '3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)' in capsys.readouterr().out
+    assert trained_runs(commands) == [(names[3], False)]  # the unreadable one only, from scratch:
+                                                          # its checkpoint was other code's
+    assert ('3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)'
+            in capsys.readouterr().out)
     assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept
     report = reproduce.write_report('variants', 'cpu', [1337], results).read_text()
     assert '2 of 9 runs are in the tables, trained by commit abc (1), ' in report
     assert '**2 more were made by code that trains differently' in report
-    with_runs = [line.split(' | ')[0][2:] for line in report.splitlines() if line.startswith('| ') and ' | 1 | ' in line]
+    with_runs = [line.split(' | ')[0][2:] for line in report.splitlines()
+                 if line.startswith('| ') and ' | 1 | ' in line]
     assert with_runs == ['vanilla', 'resformer_sparse']  # the stale identity and constant runs are left out
     commands.clear()
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1, retrain=True) == {}
@@ -255,31 +281,38 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
 
 
 def test_a_run_another_process_trains_is_skipped(tmp_path, monkeypatch, capsys):
-    """reproduce.py locks each run it trains: a second reproduce.py (say `variants` beside `kv`, which share runs)
-    skips it, saying which process trains it, instead of starting a second writer on the same folder; a skip is
-    no failure."""
+    """reproduce.py locks each run it trains: a second reproduce.py (say `variants` beside `kv`, which share
+    runs) skips it, saying which process trains it, instead of starting a second writer on the same folder; a
+    skip is no failure."""
     monkeypatch.setattr(reproduce, 'train', lambda *a: pytest.fail('trained a run another process holds'))
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
     (tmp_path / 'runs').mkdir()
-    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; sys.path.insert(0, sys.argv[2]); import support; '
-                               'held, _ = support.try_lock(sys.argv[1], "x"); print(bool(held), flush=True); time.sleep(60)',
-                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock'), str(REPO)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, '-c',
+                               'import sys, time; sys.path.insert(0, sys.argv[2]); import support; '
+                               'held, _ = support.try_lock(sys.argv[1], "x"); print(bool(held), flush=True); '
+                               'time.sleep(60)',
+                               str(tmp_path / 'runs' / f'{runs[0][1]}.lock'), str(REPO)],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == 'True'
         assert reproduce.run_suite(runs, tmp_path / 'runs', tmp_path / 'results', gpus=0, jobs=1) == {}
-        assert f'skipped: another reproduce.py (process {holder.pid}) is training it' in capsys.readouterr().out
+        assert (f'skipped: another reproduce.py (process {holder.pid}) is training it'
+                in capsys.readouterr().out)
     finally:
         holder.kill()
         holder.wait()
 
 
-@pytest.mark.skipif(os.name != 'posix', reason="Windows' send_signal(SIGTERM) ends a process without its handler")
+@pytest.mark.skipif(os.name != 'posix',
+                    reason="Windows' send_signal(SIGTERM) ends a process without its handler")
 @pytest.mark.parametrize('signum', ['SIGTERM', pytest.param('SIGKILL', marks=pytest.mark.skipif(
     sys.platform != 'linux', reason="the parent-death signal is Linux's"))])
 def test_children_end_with_reproduce(tmp_path, signum):
-    """SIGTERM to reproduce.py passes on to its train.py (which saves and stops); SIGKILL of reproduce.py reaches
-    it too (Linux's parent-death signal). Either way no trainer is left running on the run's folder."""
-    (tmp_path / 'child.py').write_text(f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+    """SIGTERM to reproduce.py passes on to its train.py (which saves and stops); SIGKILL of reproduce.py
+    reaches it too (Linux's parent-death signal). Either way no trainer is left running on the run's
+    folder."""
+    (tmp_path / 'child.py').write_text(f"import os, time\n"
+                                       f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
                                        "time.sleep(120)\n")
     script = tmp_path / 'driver.py'
     script.write_text(f"""import signal, sys
@@ -315,12 +348,13 @@ print(reproduce.run_suite(runs, reproduce.Path({str(tmp_path / 'runs')!r}), repr
 
 
 def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
-    """A --results_dir that is a file stops at once; one outside the repository works (the report path is printed
-    whole)."""
+    """A --results_dir that is a file stops at once; one outside the repository works (the report path is
+    printed whole)."""
     (tmp_path / 'file').write_text('x')
     with pytest.raises(SystemExit) as stop:
         reproduce.main(['variants', f'--results_dir={tmp_path / "file"}', '--report_only'])
-    assert str(stop.value) == f"reproduce.py: --results_dir={tmp_path / 'file'} is a file, not a folder; pick another --results_dir"
+    assert str(stop.value) == (f"reproduce.py: --results_dir={tmp_path / 'file'} is a file, not a folder; "
+                               f"pick another --results_dir")
     reproduce.main(['kv', f'--results_dir={tmp_path / "elsewhere"}', '--report_only', '--seeds=1'])
     assert f"wrote {tmp_path / 'elsewhere' / 'kv' / 'README.md'}" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
@@ -331,23 +365,24 @@ def test_results_dir_mistakes_are_one_line(tmp_path, capsys):
 def test_a_bad_argument_is_one_line(capsys):
     with pytest.raises(SystemExit) as stop:
         reproduce.main(['variants', '--seeds=abc'])
-    assert stop.value.code == "reproduce.py: argument --seeds: invalid int value: 'abc'; see `python reproduce.py --help`"
+    assert stop.value.code == ("reproduce.py: argument --seeds: invalid int value: 'abc'; "
+                               "see `python reproduce.py --help`")
     assert capsys.readouterr() == ('', '')  # no usage dump
 
 
 def test_it_imports_without_fcntl_as_on_windows(tmp_path):
     (tmp_path / 'sitecustomize.py').write_text("import sys\nsys.modules['fcntl'] = None\n")
-    result = subprocess.run([sys.executable, '-c', 'import fcntl'], env=dict(os.environ, PYTHONPATH=str(tmp_path)),
-                            capture_output=True)
+    result = subprocess.run([sys.executable, '-c', 'import fcntl'],
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True)
     assert result.returncode == 1  # the simulation holds
-    result = subprocess.run([sys.executable, '-c', 'import reproduce'], cwd=REPO, capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    result = subprocess.run([sys.executable, '-c', 'import reproduce'], cwd=REPO, capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode == 0, result.stderr
 
 
 def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypatch):
-    """analyze.py runs on the suite's checkpoints (document starts, the suite's sequence length) only when all of
-    them are there, and not again once its metrics are written."""
+    """analyze.py runs on the suite's checkpoints (document starts, the suite's sequence length) only when all
+    of them are there, and not again once its metrics are written."""
     calls = []
     monkeypatch.setattr(reproduce.subprocess, 'run', lambda command, cwd: calls.append(command) or
                         subprocess.CompletedProcess(command, 0))
@@ -360,7 +395,8 @@ def test_attention_analysis_runs_once_every_checkpoint_exists(tmp_path, monkeypa
     (tmp_path / 'runs' / runs[-1][1]).mkdir()
     (tmp_path / 'runs' / runs[-1][1] / 'ckpt.pt').write_bytes(b'x')
     reproduce.analyse('depth', 'cpu', [1337], tmp_path / 'runs', tmp_path / 'depth')
-    assert len(calls) == 1 and calls[0][-3:] == ['--seq_len=128', '--num_seqs=4', f"--out={tmp_path / 'depth' / 'analysis'}"]
+    assert len(calls) == 1 and calls[0][-3:] == ['--seq_len=128', '--num_seqs=4',
+                                                 f"--out={tmp_path / 'depth' / 'analysis'}"]
     assert len(calls[0]) == 2 + len(runs) + 3
     (tmp_path / 'depth' / 'analysis').mkdir(parents=True)
     (tmp_path / 'depth' / 'analysis' / 'metrics.json').write_text('{}')
