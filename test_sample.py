@@ -1,4 +1,5 @@
-"""sample.py on tiny checkpoints trained here in seconds: in this process (fast), and once through the real CLI."""
+"""sample.py on tiny checkpoints trained here in seconds: in this process (fast),
+and once through the real CLI."""
 import contextlib
 import io
 import os
@@ -17,7 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 CHARS = sorted(set(TEXT))
-TINY = dict(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32)  # vocabulary padded as train.py does
+TINY = dict(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32)  # vocabulary padded
+                                                                           # as train.py does
 
 
 @contextlib.contextmanager
@@ -33,8 +35,8 @@ def one_thread():
 
 def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150, text=TEXT, chars=CHARS, seed=0,
                           **settings):
-    """Train a tiny character-level model on text (TEXT: until greedy decoding recites it); save it as train.py
-    would, with `settings` added to its config."""
+    """Train a tiny character-level model on text (TEXT: until greedy decoding recites it); save it as
+    train.py would, with `settings` added to its config."""
     torch.manual_seed(seed)
     config = GPTConfig(**TINY, variant=variant)
     model = GPT(config)
@@ -78,7 +80,8 @@ def runs(tmp_path_factory):
 
 
 def sample(out_dir, *args):
-    """Run sample.py in this process as `python sample.py --out_dir=... --device=cpu *args`: (stdout, stderr)."""
+    """Run sample.py in this process as `python sample.py --out_dir=... --device=cpu *args`:
+    (stdout, stderr)."""
     argv = [SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), \
@@ -98,13 +101,15 @@ def samples_of(stdout):
 
 
 def kv_line(stderr):
-    """(cache bytes, vanilla bytes, percent) from the line `kv cache: 1,234 bytes (vanilla same shape: 2,468; 50.0%)`."""
+    """(cache bytes, vanilla bytes, percent) from the line
+    `kv cache: 1,234 bytes (vanilla same shape: 2,468; 50.0%)`."""
     match = re.search(r'^kv cache: ([\d,]+) bytes \(vanilla same shape: ([\d,]+); ([\d.]+)%\)$', stderr, re.M)
     assert match, stderr
     return int(match[1].replace(',', '')), int(match[2].replace(',', '')), float(match[3])
 
 
-GREEDY = ('--start=the quick', '--temperature=0', '--max_new_tokens=60')  # 69 tokens: past block_size, so the context crops
+GREEDY = ('--start=the quick', '--temperature=0', '--max_new_tokens=60')  # 69 tokens: past block_size,
+                                                                          # so the context crops
 
 
 def test_greedy_output_is_the_same_with_and_without_the_cache(runs):
@@ -124,7 +129,8 @@ def test_a_batch_of_greedy_samples_equals_the_streamed_sample(runs):
 
 
 def test_sampling_a_batch_gives_separate_samples(runs):
-    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=3', '--max_new_tokens=20', '--temperature=2.0')
+    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=3', '--max_new_tokens=20',
+                       '--temperature=2.0')
     texts = samples_of(stdout)
     assert len(texts) == 3 and all(t.startswith('the ') and len(t) == 24 for t in texts)
     assert len(set(texts)) > 1  # at temperature 2, three identical 20-token samples would be a fluke
@@ -132,7 +138,8 @@ def test_sampling_a_batch_gives_separate_samples(runs):
 
 def test_padding_tokens_are_never_sampled(runs):
     # at temperature 5 the 36 padding ids past the 28 characters would otherwise come up within a few tokens
-    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=4', '--max_new_tokens=100', '--temperature=5.0')
+    stdout, _ = sample(runs / 'vanilla', '--start=the ', '--num_samples=4', '--max_new_tokens=100',
+                       '--temperature=5.0')
     assert [len(text) for text in samples_of(stdout)] == [104] * 4
 
 
@@ -146,7 +153,8 @@ def test_a_sample_ends_before_the_stop_text(runs):
 def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers, value_layers):
     _, log = sample(runs / variant, '--start=the ', '--num_samples=2', '--max_new_tokens=10')
     kv_bytes, vanilla_bytes, percent = kv_line(log)
-    # float32 keys or values of shape (batch 2, 2 heads, 4 + 10 positions, head_dim 16) for each layer that caches them
+    # float32 keys or values of shape (batch 2, 2 heads, 4 + 10
+    # positions, head_dim 16) for each layer that caches them
     per_layer = 2 * 2 * (4 + 10) * 16 * 4
     assert kv_bytes == (key_layers + value_layers) * per_layer
     assert vanilla_bytes == 2 * 3 * per_layer
@@ -164,7 +172,8 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--top_k=0'], ['top_k']),
     ('vanilla', ['--num_samples=0'], ['num_samples']),
     ('vanilla', ['--start=the ', '--temperature=1e-40'], ['temperature=1e-40', 'use 0 for greedy']),
-    ('vanilla', ['--start=the ', '--seed=99999999999999999999999'], ['seed=99999999999999999999999', '2**64 - 1']),
+    ('vanilla', ['--start=the ', '--seed=99999999999999999999999'],
+     ['seed=99999999999999999999999', '2**64 - 1']),
     ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
     ('nan', ['--start=the '], ['nan/ckpt.pt has NaN or infinite weights']),
 ])
@@ -177,10 +186,12 @@ def test_bad_input_exits_with_one_line(runs, run, args, words):
 
 
 def test_command_line(runs):
-    """The real thing once: a sample on stdout, the statistics on stderr, and a one-line error with exit status 1."""
+    """The real thing once: a sample on stdout, the statistics on stderr,
+    and a one-line error with exit status 1."""
     def cli(out_dir, *args):
         return subprocess.run([sys.executable, SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args],
-                              capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
+                              capture_output=True, text=True, cwd=runs,
+                              env=dict(os.environ, OMP_NUM_THREADS='1'))
     result = cli('svformer', *GREEDY)
     assert result.returncode == 0, result.stderr
     # stdout is exactly the text: the 9-character prompt, 60 characters, the separator line
@@ -194,7 +205,8 @@ def test_command_line(runs):
     assert len(overrides) == 5 and all(line.startswith('Overriding: ') for line in overrides)
 
 
-# pick_device (model.py) turns these into one line; until that fix is in this branch, these fail with a traceback
+# pick_device (model.py) turns these into one line; until
+# that fix is in this branch, these fail with a traceback
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):
     if device.startswith('cuda') and torch.cuda.is_available():
@@ -207,9 +219,10 @@ def test_unusable_device_exits_with_one_line(runs, device):
 
 def test_a_prompt_file_that_is_a_pipe_without_a_writer_exits_with_one_line_instead_of_waiting(runs):
     os.mkfifo(runs / 'prompt.fifo')  # opening it to read would block until someone opened it to write
-    result = subprocess.run([sys.executable, SAMPLE_PY, '--out_dir=vanilla', '--device=cpu', '--start=FILE:prompt.fifo'],
+    result = subprocess.run([sys.executable, SAMPLE_PY, '--out_dir=vanilla', '--device=cpu',
+                             '--start=FILE:prompt.fifo'],
                             capture_output=True, text=True, cwd=runs, timeout=60)
     assert (result.returncode, result.stdout) == (1, '') and 'Traceback' not in result.stderr, result.stderr
-    assert result.stderr.splitlines()[-1] == ("sample.py: the prompt file prompt.fifo is not a regular file (a pipe or "
-                                              "device may wait forever for a writer); save the prompt to a file, or "
-                                              "pass --start=TEXT")
+    assert result.stderr.splitlines()[-1] == ("sample.py: the prompt file prompt.fifo is not a regular file "
+                                              "(a pipe or device may wait forever for a writer); save the "
+                                              "prompt to a file, or pass --start=TEXT")
