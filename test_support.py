@@ -23,7 +23,8 @@ time.sleep(120)
 
 
 def other_process(path):
-    """A process that takes path's lock or is refused, says which ("held", "refused"), and waits for a kill."""
+    """A process that takes path's lock or is refused, says which ("held", "refused"),
+    and waits for a kill."""
     process = subprocess.Popen([sys.executable, "-c", HOLDER, path, REPO], stdout=subprocess.PIPE, text=True)
     return process, process.stdout.readline().strip()
 
@@ -75,9 +76,9 @@ def test_a_file_system_without_flock_is_named_in_one_line(tmp_path, monkeypatch)
     monkeypatch.setattr(fcntl, "flock", no_flock)  # as Lustre mounted without -o flock answers
     with pytest.raises(SystemExit) as error:
         support.try_lock(str(tmp_path / "run.lock"), "train.py")
-    assert error.value.code == (f"train.py: the file system of {tmp_path} has no file locks (flock: ENOSYS, as "
-                                f"on Lustre mounted without -o flock); use a folder on one that has them (a local "
-                                f"disk, or Lustre mounted with -o flock)")
+    assert error.value.code == (f"train.py: the file system of {tmp_path} has no file locks (flock: ENOSYS, "
+                                f"as on Lustre mounted without -o flock); use a folder on one that has them "
+                                f"(a local disk, or Lustre mounted with -o flock)")
 
 
 def test_argument_errors_are_one_line():
@@ -85,4 +86,5 @@ def test_argument_errors_are_one_line():
     parser.add_argument("--seeds", type=int)
     with pytest.raises(SystemExit) as error:
         parser.parse_args(["--seeds=abc"])
-    assert error.value.code == "tool.py: argument --seeds: invalid int value: 'abc'; see `python tool.py --help`"
+    assert error.value.code == ("tool.py: argument --seeds: invalid int value: 'abc'; "
+                                "see `python tool.py --help`")
