@@ -67,12 +67,12 @@ from prepare import load_meta, load_tokenizer, open_split, prepare_command
 # -----------------------------------------------------------------------------
 ckpt = 'ckpt.pt'  # the file read from each out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
 windows = 'doc_start'  # 'doc_start': documents' starts, led by the separator;
-                       # 'mid_text': evenly spaced offsets
+#   'mid_text': evenly spaced offsets
 num_seqs = 8  # validation windows to average over
 seq_len = 256  # tokens per window (at most the smallest block_size among the checkpoints)
 out = 'analysis'  # folder for metrics.json, metrics.csv and the plots
 device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name);
-                 # or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
+#   or 'cpu', 'cuda', 'cuda:1', 'mps' (always float32)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
 # -----------------------------------------------------------------------------
@@ -87,8 +87,8 @@ CONCENTRATION = {  # name: column title
 POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'skip_attn': 'Δloss -attn',
                  'skip_mlp': 'Δloss -MLP'}  # Sec. 4.5
 METRICS = {**CONCENTRATION, **POST_ANALYSES}
-RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')  # settings in which runs
-                                                               # of one group may differ
+# settings in which runs of one group may differ
+RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -366,8 +366,8 @@ def main(run_args):
     if num_seqs < 1 or seq_len < 2:
         raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; "
                          f"use at least 1 sequence of 2 tokens")
-    existing = os.path.abspath(out)  # out, or the part of its path that exists:
-                                     # it must be a folder, checked now
+    # out, or the part of its path that exists: it must be a folder, checked now
+    existing = os.path.abspath(out)
     while not os.path.exists(existing):  # rather than after all the computing
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
@@ -381,8 +381,8 @@ def main(run_args):
     first = next(iter(models.values()))[1]
     data_dir = first['config']['data_dir']
     if not os.path.isabs(data_dir) and not os.path.exists(data_dir):
-        data_dir = os.path.join(HERE, data_dir)  # relative to where train.py ran:
-                                                 # usually the repository's root
+        # relative to where train.py ran: usually the repository's root
+        data_dir = os.path.join(HERE, data_dir)
     starts, tokens = validation_windows(data_dir, first['data_meta'], windows, num_seqs, length)
     print(f"{len(starts)} {windows} windows of {length} tokens from {data_dir} (val), at offsets {starts}")
 

@@ -50,7 +50,7 @@ rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
 decode_tokens = (256, 1024)  # new tokens per decoding run (batch 1, greedy, from a 16-token prompt);
-                             # () = skip
+#   () = skip
 decode_rounds = 3  # rounds of every (variant, length, cached/recompute) decode; the table gives medians
 loop_rounds = 2  # train.py runs per length for the training-loop throughput (0 = skip)
 loop_iters = (100, 200)  # train.py runs this long; the difference in wall time is the cost of the extra steps
@@ -375,8 +375,8 @@ if official:
                 contenders.append(official_model(name, os.path.join(official, file)))
             else:
                 notes.append(f"{name} row skipped: {os.path.join(official, file)} not found")
-    except Exception as e:  # most often: no transformers, or a version
-                            # whose internals the patched file predates
+    # most often: no transformers, or a version whose internals the patched file predates
+    except Exception as e:
         notes.append(f"official rows skipped: {type(e).__name__}: {str(e).splitlines()[0]} "
                      f"(they need transformers==4.44.2)")
 else:
@@ -573,8 +573,8 @@ if decode_tokens:
         torch.manual_seed(seed)
         decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens),
                                        **dims)).to(device).eval()
-        if compile:  # as sample.py --compile; an untimed first run of
-                     # each kind compiles it (prompt, then one token)
+        # as sample.py --compile; an untimed first run of each kind compiles it (prompt, then one token)
+        if compile:
             decoders[name].compile_for_decoding()
             for n in decode_tokens:
                 with autocast:

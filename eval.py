@@ -50,8 +50,8 @@ seed = 1234  # lm_eval's seeds (few-shot sampling, sampled generation)
 overwrite = False  # replace the results an earlier evaluation of this checkpoint left in out_dir
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k.islower()
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-if __name__ == '__main__':  # settings and their checks before lm_eval and torch load:
-                            # --help works without them
+# settings and their checks before lm_eval and torch load: --help works without them
+if __name__ == '__main__':
     globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__))
     task_names = [t.strip() for t in tasks.split(',') if t.strip()]
     if not task_names:
@@ -267,8 +267,8 @@ def evaluate(lm, tasks, include_path=LOCAL_TASKS_DIR, limit=None, num_fewshot=No
                                        num_fewshot=num_fewshot, log_samples=log_samples, random_seed=seed,
                                        numpy_random_seed=seed, torch_random_seed=seed,
                                        fewshot_random_seed=seed)
-    except OSError as e:  # ConnectionError too: the hub is unreachable or offline mode is on;
-                          # or a local file is missing
+    # ConnectionError too: the hub is unreachable or offline mode is on; or a local file is missing
+    except OSError as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SystemExit(f"eval.py: could not load a task's data ({reason}); the paper's tasks download it "
                          f"from the Hugging Face hub, so they need the network (and HF_DATASETS_OFFLINE "

@@ -381,8 +381,8 @@ def test_an_out_that_cannot_be_a_folder_is_refused_before_any_computing(runs, ou
 
 def test_a_relative_data_dir_is_found_from_another_folder(runs, tmp_path):
     checkpoint = torch.load(runs / 'vanilla_1' / 'ckpt.pt', weights_only=True)
-    checkpoint['config']['data_dir'] = os.path.relpath(runs / 'data', HERE)  # as train.py run
-                                                                             # from the repository
+    # as train.py run from the repository
+    checkpoint['config']['data_dir'] = os.path.relpath(runs / 'data', HERE)
     torch.save(checkpoint, tmp_path / 'relative.pt')
     result = analyze(tmp_path, 'relative.pt', '--num_seqs=1', '--out=out')
     assert result.returncode == 0, result.stderr

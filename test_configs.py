@@ -24,8 +24,8 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent
 CONFIGS = sorted((REPO / 'config').glob('*.py'))
-FRAGMENTS = {'paper_recipe.py'}  # settings shared by the full-scale configs, which exec it;
-                                 # it lists no runs itself
+# settings shared by the full-scale configs, which exec it; it lists no runs itself
+FRAGMENTS = {'paper_recipe.py'}
 # (n_layer, n_embd) -> the paper's parameter count for that shape;
 # the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
 PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 1.67e9}
@@ -142,8 +142,8 @@ def test_run_builds_the_paper_model(path, ranks, args):
         model = GPT(model_config(settings, vocab_size=50304))
     L, d, ffn = model.config.n_layer, model.config.n_embd, model.config.ffn_hidden
     if (L, d) in PAPER_SIZES:
-        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d  # embedding, head,
-                                                                                   # blocks, norms
+        # embedding, head, blocks, norms
+        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d
         assert abs(vanilla / PAPER_SIZES[L, d] - 1) < 0.03, vanilla
         assert abs(model.num_params() / PAPER_SIZES[L, d] - 1) < 0.06, model.num_params()
     if settings['dataset'].startswith('slimpajama'):
@@ -174,8 +174,8 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
     optimizer = model.configure_optimizers(settings['weight_decay'], settings['learning_rate'],
                                            (settings['beta1'], settings['beta2']), 'cpu',
                                            settings['lr_scales'])
-    for group in optimizer.param_groups:  # the rate train.py sets at each step:
-                                          # the schedule's x the group's scale
+    # the rate train.py sets at each step: the schedule's x the group's scale
+    for group in optimizer.param_groups:
         group['lr'] = settings['learning_rate'] * group['lr_scale']
     scaled = {id(p): group['lr_scale'] for group in optimizer.param_groups for p in group['params']}
     for name, multiplier in settings['lr_scales']:

@@ -155,8 +155,8 @@ def samples(results, task):
 
 @pytest.mark.parametrize('variant', VARIANTS + ('gpt2',))
 def test_loglikelihoods_equal_a_direct_computation(checkpoints, variant):
-    lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=5)  # 48 requests: batches of 5,
-                                                                            # the last of 3
+    # 48 requests: batches of 5, the last of 3
+    lm = ValueResidualLM(checkpoints[variant], device='cpu', batch_size=5)
     results = evaluate(lm, ['tiny_choice'], log_samples=True)
     encode, vocab_size = lm.tokenizer.encode, lm.tokenizer.vocab_size
     items = samples(results, 'tiny_choice')
@@ -303,10 +303,10 @@ def one_line_error(result, *words):
     ('--num_fewshot=-1', ['num_fewshot=-1', 'use 0']),
 ])
 def test_bad_settings_exit_with_one_line_before_loading_anything(checkpoints, arg, words):
+    # without lm_eval: checked before it is imported
     code = (f"import sys, runpy; sys.modules['lm_eval'] = None; "
             f"sys.argv = ['eval.py', '--out_dir=x', {arg!r}]; "
-            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")  # without lm_eval:
-                                                                  # checked before it is imported
+            f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     one_line_error(result, *words)
     assert result.stderr.count('\n') == 1

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig, load_checkpoint
 
-torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
-                          # (100x slower on a busy machine)
+# tiny tensors: extra threads only add synchronisation (100x slower on a busy machine)
+torch.set_num_threads(1)
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -1064,8 +1064,8 @@ def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
     assert 'not a checkpoint written by train.py' in e.value.code
-    model = tiny_model(dtype=torch.float32)  # weights, but nothing to read text with
-                                             # (sample, eval, analyze need it)
+    # weights, but nothing to read text with (sample, eval, analyze need it)
+    model = tiny_model(dtype=torch.float32)
     torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config)}, path)
     with pytest.raises(SystemExit) as e:
         load_checkpoint(str(path))
@@ -1125,8 +1125,8 @@ def test_model_py_alone_builds_trains_and_generates(tmp_path):
     out = json.loads(result.stdout)
     assert math.isfinite(out['loss']) and out['all_trained']
     assert Path(out['model_file']).parent == tmp_path
-    repo, env = str(source.parent), sys.prefix  # the venv may live in the repository
-                                                # (the README puts it there)
+    # the venv may live in the repository (the README puts it there)
+    repo, env = str(source.parent), sys.prefix
 
     def inside(path):
         return path.startswith(repo + '/') and not path.startswith(env + '/')

@@ -281,8 +281,8 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
         documents[split] = enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
         counted = {domain: 0 for domain in prepare.SLIMPAJAMA_WEIGHTS}
         for doc in documents[split]:
-            counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1  # whole documents,
-                                                                          # known domains only
+            # whole documents, known domains only
+            counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1
         assert counted == meta[f"{split}_domain_tokens"]
         for domain, quota in quotas[split].items():
             assert quota <= counted[domain] < quota + longest, (split, domain)
@@ -292,8 +292,8 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     assert [name for name in shards if name.startswith("val")] == \
         sorted(f"val_{domain}_00000.bin" for domain in prepare.SLIMPAJAMA_WEIGHTS)
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
-    assert 0 < meta["train_tokens"] - 9000 < 1500  # the quotas' overshoot: under half a shard,
-                                                   # so it joins the last
+    # the quotas' overshoot: under half a shard, so it joins the last
+    assert 0 < meta["train_tokens"] - 9000 < 1500
     assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
     assert not set(documents["train"]) & set(documents["val"])
     assert all(prepare.in_validation(doc, 0.1) for doc in documents["val"])
@@ -338,8 +338,8 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
         assert len(files) >= 2 and files == [f"val_{domain}_{k:05d}.bin" for k in range(len(files))]
         ids = np.concatenate(by_domain[domain])
         assert len(ids) == meta["val_domain_tokens"][domain] == sum(meta["files"][name] for name in files)
-        assert 200 <= len(ids) < 200 + longest  # an equal share (1400 / 7) in whole documents,
-                                                # CommonCrawl's too
+        # an equal share (1400 / 7) in whole documents, CommonCrawl's too
+        assert 200 <= len(ids) < 200 + longest
         docs = enc.decode(ids.tolist()).split("<|endoftext|>")
         assert docs[-1] == "" and all(doc.startswith(f"validation {domain} ") for doc in docs[:-1])
         assert len(docs) - 1 == meta["val_domain_documents"][domain]
@@ -691,8 +691,8 @@ def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_pa
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith(
         "line 0: to be")  # the first's data
-    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)  # once the first has let go,
-                                                                    # the second's turn
+    # once the first has let go, the second's turn
+    run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
     tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
 

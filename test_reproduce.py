@@ -39,11 +39,11 @@ def test_statistics():
     assert crossing_step(curve, 5.0) == 0 and crossing_step(curve, 1.0) is None
     matched, extrapolated = parameters_for_loss([(1e7, 2.0), (1e6, 3.0)], 2.5)  # halfway in log(parameters)
     assert matched == pytest.approx(math.sqrt(1e13)) and not extrapolated
-    matched, extrapolated = parameters_for_loss([(1e6, 3.0), (1e7, 2.0)], 1.5)  # past the largest:
-                                                                                # along its segment
+    # past the largest: along its segment
+    matched, extrapolated = parameters_for_loss([(1e6, 3.0), (1e7, 2.0)], 1.5)
     assert matched == pytest.approx(math.sqrt(1e15)) and extrapolated
-    a, b = loglinear_fit([(1.0, 1.0), (math.e, 0.0), (math.e ** 2, 0.5)])  # least squares
-                                                                           # on ln(params) = 0, 1, 2
+    # least squares on ln(params) = 0, 1, 2
+    a, b = loglinear_fit([(1.0, 1.0), (math.e, 0.0), (math.e ** 2, 0.5)])
     assert (a, b) == (pytest.approx(0.75), pytest.approx(-0.25))
 
 
@@ -262,8 +262,8 @@ def test_stale_and_unreadable_summaries_are_reported_and_retrained_on_request(tm
     assert states == ['done', 'stale', 'stale', 'unreadable']
 
     assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
-    assert trained_runs(commands) == [(names[3], False)]  # the unreadable one only, from scratch:
-                                                          # its checkpoint was other code's
+    # the unreadable one only, from scratch: its checkpoint was other code's
+    assert trained_runs(commands) == [(names[3], False)]
     assert ('3 of 4 runs done; 1 to go; 2 done by code that trains differently (--retrain retrains them)'
             in capsys.readouterr().out)
     assert reproduce.summary_state(results / 'runs' / f'{names[1]}.json', runs[1][2]) == 'stale'  # kept

@@ -18,8 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 CHARS = sorted(set(TEXT))
-TINY = dict(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32)  # vocabulary padded
-                                                                           # as train.py does
+# vocabulary padded as train.py does
+TINY = dict(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32)
 
 
 @contextlib.contextmanager
@@ -108,8 +108,8 @@ def kv_line(stderr):
     return int(match[1].replace(',', '')), int(match[2].replace(',', '')), float(match[3])
 
 
-GREEDY = ('--start=the quick', '--temperature=0', '--max_new_tokens=60')  # 69 tokens: past block_size,
-                                                                          # so the context crops
+# 69 tokens: past block_size, so the context crops
+GREEDY = ('--start=the quick', '--temperature=0', '--max_new_tokens=60')
 
 
 def test_greedy_output_is_the_same_with_and_without_the_cache(runs):
