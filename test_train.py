@@ -29,8 +29,9 @@ from configurator import configure
 from model import GPT, VARIANTS, GPTConfig, load_checkpoint
 
 REPO = Path(__file__).resolve().parent
-TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8',
-        '--eval_iters=2', '--log_interval=1', '--warmup_iters=2', '--learning_rate=3e-3', '--min_lr=3e-4']
+TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
+        '--batch_size=8', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2', '--learning_rate=3e-3',
+        '--min_lr=3e-4']
 
 
 @pytest.fixture(scope='module')
@@ -46,7 +47,8 @@ def workdir(tmp_path_factory):
 
 
 def run(args, cwd, check=True, timeout=300, **kw):
-    result = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kw)
+    result = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                            timeout=timeout, **kw)
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
@@ -57,8 +59,8 @@ def train(workdir, *args, check=True):
 
 
 def train_here(workdir, args, check=True, script=REPO / 'train.py'):
-    """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code and
-    output as a CompletedProcess."""
+    """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code
+    and output as a CompletedProcess."""
     argv, cwd, out, err = sys.argv, os.getcwd(), io.StringIO(), io.StringIO()
     sys.argv, code = ['train.py', *map(str, args)], 0
     os.chdir(workdir)
@@ -88,12 +90,15 @@ def log(workdir, out_dir, key):
 def records(workdir, out_dir):
     """Every record of out_dir/log.jsonl, in order, without its timing fields."""
     with open(workdir / out_dir / 'log.jsonl') as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in ('tokens_per_sec', 'mfu')} for line in f]
+        return [{k: v for k, v in json.loads(line).items() if k not in ('tokens_per_sec', 'mfu')}
+                for line in f]
 
 
 def snapshot(folder):
-    """Every file and folder under `folder` with its size and modification time: to show that nothing changed."""
-    return {path: (path.is_dir(), path.stat().st_size, path.stat().st_mtime_ns) for path in Path(folder).rglob('*')}
+    """Every file and folder under `folder` with its size and modification time:
+    to show that nothing changed."""
+    return {path: (path.is_dir(), path.stat().st_size, path.stat().st_mtime_ns)
+            for path in Path(folder).rglob('*')}
 
 
 def one_line_error(result, *words):
@@ -105,7 +110,8 @@ def one_line_error(result, *words):
 
 
 def test_training_lowers_the_loss(workdir):
-    result = train(workdir, '--out_dir=out_learn', '--max_iters=60', '--eval_interval=30', '--lr_decay_iters=60')
+    result = train(workdir, '--out_dir=out_learn', '--max_iters=60', '--eval_interval=30',
+                   '--lr_decay_iters=60')
     val = log(workdir, 'out_learn', 'val_loss')
     assert val[60] < 0.75 * val[0], val
     # the last evaluation was the best: one file written, under both names
@@ -134,8 +140,8 @@ def test_the_cost_estimate_changes_nothing(workdir):
 
 def test_a_micro_step_leaves_no_logits_behind(workdir, monkeypatch):
     """Nothing holds a forward pass's logits (B x T x vocab: 6.6 GB at 82M) once its loss is taken: not at the
-    next forward pass, training's or evaluation's, nor at the update. Each pass's inputs and targets are two views
-    of one block of windows, copied to the device once."""
+    next forward pass, training's or evaluation's, nor at the update. Each pass's inputs and targets are two
+    views of one block of windows, copied to the device once."""
     forward, clip = GPT.forward, torch.nn.utils.clip_grad_norm_
     last_logits, held, one_block = [lambda: None], [], []
 
@@ -154,15 +160,17 @@ def test_a_micro_step_leaves_no_logits_behind(workdir, monkeypatch):
     monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', watched_clip)
     train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
     monkeypatch.undo()
-    # the cost estimate's 2 passes, 4 evaluation passes at step 0, 3 steps of 2 passes and an update, 4 at step 3
+    # the cost estimate's 2 passes, 4 evaluation passes at
+    # step 0, 3 steps of 2 passes and an update, 4 at step 3
     assert len(held) == 2 + 4 + 3 * (2 + 1) + 4 and not any(held)
     assert all(one_block)
 
 
 def test_evaluation_takes_training_sized_micro_batches_and_keeps_its_loss(workdir, monkeypatch):
-    """Evaluation forwards micro-batches of the size training's have (so a compiled model compiles no batch size
-    of its own, and memory stays what training takes), and the loss stays that of any other split: resuming a
-    finished run with another micro_batch_size repeats its last evaluation, and logs the same loss."""
+    """Evaluation forwards micro-batches of the size training's have (so a compiled model compiles no batch
+    size of its own, and memory stays what training takes), and the loss stays that of any other split:
+    resuming a finished run with another micro_batch_size repeats its last evaluation, and logs the same
+    loss."""
     forward, sizes = GPT.forward, []
 
     def counted(model, idx, *args, **kwargs):
@@ -206,10 +214,11 @@ def domain_data(workdir):
 
 
 def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdir):
-    """Where the data keeps its validation split by domain (SlimPajama), each domain is scored on its own fixed
-    windows: each val record of log.jsonl holds every domain's loss, and val_loss is their unweighted mean (the
-    paper's measure); the checkpoint keeps that evaluation, and each domain's loss is the checkpoint's, computed
-    here by hand on that domain's windows. A domain too small for its share of windows is one line."""
+    """Where the data keeps its validation split by domain (SlimPajama), each domain is scored on its own
+    fixed windows: each val record of log.jsonl holds every domain's loss, and val_loss is their unweighted
+    mean (the paper's measure); the checkpoint keeps that evaluation, and each domain's loss is the
+    checkpoint's, computed here by hand on that domain's windows. A domain too small for its share of windows
+    is one line."""
     val = domain_data(workdir)
     train(workdir, '--dataset=domains_char', '--out_dir=out_domains', '--max_iters=4', '--eval_interval=2',
           '--lr_decay_iters=4')
@@ -224,19 +233,20 @@ def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdi
     for domain, arrays in val.items():
         places = [(a, i) for a, array in enumerate(arrays) for i in range(0, len(array) - T - 1, T)]
         rows = torch.tensor(np.stack([arrays[a][i:i + T + 1] for a, i in
-                                      (places[round(k * (len(places) - 1) / (count - 1))] for k in range(count))]))
+                                      (places[round(k * (len(places) - 1) / (count - 1))]
+                                       for k in range(count))]))
         with torch.no_grad():
             loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
         assert evaluations[-1]['val_loss_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
     one_line_error(train(workdir, '--dataset=domains_char', '--out_dir=out_domains_few', '--eval_iters=20',
                          check=False),
-                   'train.py: the validation split of domain arxiv has 9 windows of 32 tokens, fewer than the 56 '
-                   'evaluation takes; lower eval_iters or batch_size')
+                   'train.py: the validation split of domain arxiv has 9 windows of 32 tokens, fewer than '
+                   'the 56 evaluation takes; lower eval_iters or batch_size')
 
 
 def test_an_lr_scale_of_0_leaves_its_parameter_unchanged(workdir):
-    """lr_scales=[[name, 0]]: that parameter keeps its initial value exactly (no update, no weight decay) while
-    every other one trains."""
+    """lr_scales=[[name, 0]]: that parameter keeps its initial value exactly (no update, no weight decay)
+    while every other one trains."""
     frozen, common = 'blocks.0.attn.c_v.weight', ['--out_dir=out_lr_scales', '--eval_interval=3']
     scales = f'--lr_scales=[["{frozen}", 0]]'
     train(workdir, *common, scales, '--max_iters=0')  # evaluates and saves the initial weights
@@ -248,8 +258,8 @@ def test_an_lr_scale_of_0_leaves_its_parameter_unchanged(workdir):
 
 
 def test_a_lambda_table_resumes_whether_written_as_tuples_or_lists(workdir):
-    """A config file writes λ as tuples, the command line as lists: the same setting, so a run started from the
-    one resumes with the other."""
+    """A config file writes λ as tuples, the command line as lists: the same setting, so a run started from
+    the one resumes with the other."""
     (workdir / 'tuples.py').write_text("variant = 'custom'\nvalue_residual = True\n"
                                        "lambdas = ((0.0, 1.0), (0.5, 0.5))\n")
     common = ['--out_dir=out_tuples', '--eval_interval=2', '--lr_decay_iters=4']
@@ -343,8 +353,10 @@ def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
     """SIGINT: one line naming the step and how to go on, a checkpoint at that step, and a resume equal to the
     uninterrupted run."""
     process = subprocess.Popen([sys.executable, *stopping_at(workdir, 5), *TINY, '--out_dir=out_interrupted',
-                                *LONG], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even if we ignore it
+                                *LONG], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True,
+                               # even if we ignore it
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_until_stopped(process)
     process.send_signal(signal.SIGINT)
     process.send_signal(signal.SIGCONT)
@@ -371,11 +383,12 @@ def assert_same_weights(first, second):
                                                (signal.SIGINT, 'update, save', 8)],
                          ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass',
                               'SIGINT in the update, again in the save'])
-def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig, during, step):
-    """SIGINT or SIGTERM sent from inside a step. In the 8th training forward pass (the cost estimate makes the
-    first, so the 7th step's) it stops the run at once, at step 6; in the 8th weight update it waits for the
-    update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits for
-    it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
+def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig,
+                                                                      during, step):
+    """SIGINT or SIGTERM sent from inside a step. In the 8th training forward pass (the cost estimate makes
+    the first, so the 7th step's) it stops the run at once, at step 6; in the 8th weight update it waits for
+    the update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits
+    for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
     uninterrupted run, log and weights, bit for bit."""
     calls = []
 
@@ -402,7 +415,8 @@ def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, s
     result = train(workdir, f'--out_dir={out}', *LONG, check=False)
     monkeypatch.undo()
     how = 'interrupted' if sig == signal.SIGINT else 'stopped by SIGTERM'
-    one_line_error(result, f'train.py: {how} at step {step}; saved {out}/ckpt.pt; continue with --init_from=resume')
+    one_line_error(result, f'train.py: {how} at step {step}; saved {out}/ckpt.pt; '
+                           f'continue with --init_from=resume')
     assert result.returncode == 128 + sig
     assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == step
     assert [r['step'] for r in records(workdir, out) if 'train_loss' in r] == list(range(1, step + 1))
@@ -464,7 +478,8 @@ def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
     nothing on disk changed, whether it would resume or start over; once the lock is let go, it goes ahead."""
     common = ['--out_dir=out_locked', '--eval_interval=2']
     train(workdir, *common, '--max_iters=2')
-    held, _ = support.try_lock(str(workdir / 'out_locked' / '.lock'), 'test')  # as a run in another process holds it
+    # as a run in another process holds it
+    held, _ = support.try_lock(str(workdir / 'out_locked' / '.lock'), 'test')
     assert held  # the last run let go
     before = snapshot(workdir / 'out_locked')
     for args in (['--init_from=resume', '--max_iters=4'], ['--overwrite=True', '--max_iters=2']):
@@ -496,7 +511,8 @@ def previous_run(workdir):
 
 
 def test_eval_only_scores_a_checkpoint_with_other_settings_or_data(previous_run):
-    """A resume must keep the data and the settings; an eval_only run, which writes nothing, may change them."""
+    """A resume must keep the data and the settings; an eval_only run, which writes nothing,
+    may change them."""
     before = snapshot(previous_run)
     result = train(previous_run, '--out_dir=out_prev', '--init_from=resume', '--eval_only=True',
                    '--batch_size=4', '--eval_iters=3', '--seed=7')
@@ -514,7 +530,8 @@ def read_only_folder(workdir):
 
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason='needs a torch without CUDA')
-no_wandb = pytest.mark.skipif(importlib.util.find_spec('wandb') is not None, reason='needs wandb to be missing')
+no_wandb = pytest.mark.skipif(importlib.util.find_spec('wandb') is not None,
+                              reason='needs wandb to be missing')
 BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it names another
     (['--batch_size=0'], 'batch_size=0'), (['--batch_size=-1'], 'batch_size=-1'),
     (['--block_size=0'], 'block_size=0'), (['--block_size=-5'], 'block_size=-5'),
@@ -524,13 +541,15 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--learning_rate=-1'], 'learning_rate=-1'), (['--learning_rate=0'], 'learning_rate=0'),
     (['--learning_rate=3e38'], 'learning_rate=3e+38', 'float32'),
     (['--min_lr=1'], 'min_lr=1.0'), (['--min_lr=-1e-4'], 'min_lr=-0.0001'),
-    (['--warmup_iters=-1'], 'warmup_iters=-1'), (['--warmup_iters=20', '--lr_decay_iters=10'], 'warmup_iters=20'),
+    (['--warmup_iters=-1'], 'warmup_iters=-1'),
+    (['--warmup_iters=20', '--lr_decay_iters=10'], 'warmup_iters=20'),
     (['--beta1=1'], 'beta1=1.0'), (['--grad_clip=-1'], 'grad_clip=-1.0'),
     (['--init_from=bogus'], "init_from='bogus'"), (['--init_from=resume', '--overwrite=True'], 'pick one'),
     pytest.param((['--device=cuda'], "device='cuda'", 'no CUDA GPU'), marks=no_cuda),
     (['--device=nosuch'], "device='nosuch'"),
     pytest.param((['--wandb_log=True'], 'pip install wandb'), marks=no_wandb),
-    (['--out_dir=tiny.txt'], 'out_dir=tiny.txt is a file'), (['--out_dir=tiny.txt/run'], 'cannot write', 'tiny.txt'),
+    (['--out_dir=tiny.txt'], 'out_dir=tiny.txt is a file'),
+    (['--out_dir=tiny.txt/run'], 'cannot write', 'tiny.txt'),
     (['--out_dir={read_only}'], 'cannot write'),
     (['--out_dir=out_fresh', '--batch_size=0'], 'batch_size=0'),  # no empty out_fresh either
     ([], 'out_prev already holds a run', '--init_from=resume', '--overwrite=True'),
@@ -559,7 +578,8 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     pytest.param(([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh'],
                   "device='auto' found no usable GPU", 'FLOPs', 'or run on the CPU anyway with --device=cpu'),
                  marks=no_cuda),
-    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh', '--device=cpu'],
+    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh',
+      '--device=cpu'],
      'the validation split has 5 windows of 2048 tokens, fewer than the 1600 evaluation takes'),
 ]
 
@@ -580,7 +600,8 @@ def test_bad_settings_are_one_line_errors_that_change_nothing(previous_run, monk
 
 
 def test_non_finite_losses_stop_without_saving(workdir):
-    """A NaN validation or training loss stops the run with one factual line; ckpt.pt keeps the last good step."""
+    """A NaN validation or training loss stops the run with one factual line;
+    ckpt.pt keeps the last good step."""
     blow_up = ['--learning_rate=1e20', '--warmup_iters=0', '--min_lr=0', '--max_iters=8']
     for out, eval_interval in ('out_nan_often', 1), ('out_nan_once', 10):
         result = train(workdir, f'--out_dir={out}', *blow_up, f'--eval_interval={eval_interval}', check=False)
@@ -614,8 +635,8 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     result = train(workdir, '--out_dir=out_full', '--max_iters=8', check=False)
     monkeypatch.undo()
     one_line_error(result, 'train.py: cannot write out_full/log.jsonl (OSError: [Errno 28] No space left on '
-                           'device); free disk space or fix out_dir, out_full/ckpt.pt (step 0) is the last good '
-                           'checkpoint')
+                           'device); free disk space or fix out_dir, out_full/ckpt.pt (step 0) is the last '
+                           'good checkpoint')
     assert [r['step'] for r in records(workdir, 'out_full')] == [0, 1]
 
     bad = workdir / 'data' / 'badtoken_char'
@@ -658,7 +679,8 @@ DDP_SETUPS = {  # the same global batch of 16 sequences: 2 micro-batches of 8, o
 
 @pytest.mark.parametrize('setup', DDP_SETUPS)
 def test_ddp_matches_single_process(workdir, setup):
-    """torchrun with 2 CPU ranks (gloo) and a single process see the same global batches and learn the same weights."""
+    """torchrun with 2 CPU ranks (gloo) and a single process see the same global batches
+    and learn the same weights."""
     common = [*DDP_SETUPS[setup], '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6']
     out = setup.split()[-1].replace('/', '_')
     train_here(workdir, [*common, f'--out_dir=out_single_{out}'])
@@ -666,21 +688,25 @@ def test_ddp_matches_single_process(workdir, setup):
     assert 'weights across 2 ranks differ by at most 0' in result.stdout
     assert result.stdout.count(' a step (') == 1  # the cost estimate, said by rank 0 alone
     assert 'Warning' not in result.stderr, result.stderr  # e.g. DDP's broadcast_buffers FutureWarning
-    single, ddp = log(workdir, f'out_single_{out}', 'train_loss'), log(workdir, f'out_ddp_{out}', 'train_loss')
+    single, ddp = (log(workdir, f'out_single_{out}', 'train_loss'),
+                   log(workdir, f'out_ddp_{out}', 'train_loss'))
     assert list(single) == list(ddp) == list(range(1, 7))
-    # The same global mean gradient every step (grad_norm would be off by the rank count if the per-rank losses were
-    # scaled wrongly, which Adam's scale invariance would otherwise hide), hence the same losses and weights.
+    # The same global mean gradient every step (grad_norm would be off by the rank count if the per-rank
+    # losses were scaled wrongly, which Adam's scale invariance would otherwise hide), hence the same losses
+    # and weights.
     norms = log(workdir, f'out_single_{out}', 'grad_norm'), log(workdir, f'out_ddp_{out}', 'grad_norm')
     assert all(abs(norms[0][s] - norms[1][s]) < 1e-5 * norms[0][s] for s in single), norms
     assert all(abs(single[s] - ddp[s]) < 1e-5 for s in single), (single, ddp)
-    weights = [torch.load(workdir / f'{o}_{out}' / 'ckpt.pt', weights_only=True)['model'] for o in ('out_single', 'out_ddp')]
+    weights = [torch.load(workdir / f'{o}_{out}' / 'ckpt.pt', weights_only=True)['model']
+               for o in ('out_single', 'out_ddp')]
     for name, tensor in weights[0].items():
         torch.testing.assert_close(weights[1][name], tensor, atol=1e-5, rtol=0)
 
 
 def test_a_failing_rank_ends_every_rank(workdir):
-    """Rank 0 cannot write its checkpoint while rank 1 waits in an all-reduce: both end, with rank 0's message,
-    printed once, as the root cause in torchrun's closing summary (its last lines); no traceback of ours."""
+    """Rank 0 cannot write its checkpoint while rank 1 waits in an all-reduce: both end, with rank 0's
+    message, printed once, as the root cause in torchrun's closing summary (its last lines); no traceback of
+    ours."""
     (workdir / 'out_ddp_fail' / 'ckpt.pt.tmp').mkdir(parents=True)
     result = torchrun(workdir, *TINY, '--out_dir=out_ddp_fail', '--max_iters=4', check=False, timeout=60)
     assert result.returncode != 0
@@ -700,13 +726,14 @@ def rank_pid(torchrun_pid, rank):
 
 
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(workdir):
-    """SIGTERM to rank 1 alone (a scheduler's signal may reach the ranks at different steps): every rank stops at
-    the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and weights.
-    The save takes 35 s (a 1.6B checkpoint is about 20 GB), longer than torchrun waits after a rank exits
-    before it kills the others (30 s): rank 1 must wait for rank 0's save instead of exiting at once."""
+    """SIGTERM to rank 1 alone (a scheduler's signal may reach the ranks at different steps): every rank stops
+    at the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and
+    weights. The save takes 35 s (a 1.6B checkpoint is about 20 GB), longer than torchrun waits after a rank
+    exits before it kills the others (30 s): rank 1 must wait for rank 0's save instead of exiting at once."""
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
-    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                                *stopping_at(workdir, 5, rank=1), *TINY, *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
+    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                                '--nproc_per_node=2', *stopping_at(workdir, 5, rank=1), *TINY, *LONG,
+                                '--out_dir=out_ddp_term'], cwd=workdir,
                                env=dict(os.environ, OMP_NUM_THREADS='1', SLOW_SAVE='35'),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rank_1 = wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
@@ -759,9 +786,9 @@ def test_mfu_is_per_gpu(workdir):
 
 
 def test_compiled_ddp_matches_one_compiled_process(workdir):
-    """--compile=True: torchrun with 2 ranks (the DDP-wrapped model compiled, DDPOptimizer cutting its graph at
-    the gradient buckets) logs the losses of one compiled process, and that process compiles evaluation for no
-    batch size of its own (torch's log of recompilations names no size)."""
+    """--compile=True: torchrun with 2 ranks (the DDP-wrapped model compiled, DDPOptimizer cutting its graph
+    at the gradient buckets) logs the losses of one compiled process, and that process compiles evaluation for
+    no batch size of its own (torch's log of recompilations names no size)."""
     common = [*TINY, '--compile=True', '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3',
               '--micro_batch_size=4']
     single = run([REPO / 'train.py', *common, '--out_dir=out_compiled_one'], workdir,
@@ -775,16 +802,18 @@ def test_compiled_ddp_matches_one_compiled_process(workdir):
 
 
 def test_ddp_buckets_hold_about_one_block():
-    """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few dozen
-    pieces rather than hundreds, and gradients are views into them (no second copy)."""
+    """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few
+    dozen pieces rather than hundreds, and gradients are views into them (no second copy)."""
     gradient_buckets = train_support.gradient_buckets
     for name in ('resformer_82m.py', 'resformer_1b6.py'):
         settings = configure(train_defaults(), [str(REPO / 'config' / name)], verbose=False)
         with torch.device('meta'):
-            model = GPT(GPTConfig(**{f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}))
+            model = GPT(GPTConfig(**{f.name: settings[f.name] for f in fields(GPTConfig)
+                                     if f.name in settings}))
         options = gradient_buckets(model)
         buckets = 4 * model.num_params() / 2 ** 20 / options['bucket_cap_mb']
-        assert options['gradient_as_bucket_view'] and settings['n_layer'] / 2 < buckets < 2 * settings['n_layer']
+        assert (options['gradient_as_bucket_view']
+                and settings['n_layer'] / 2 < buckets < 2 * settings['n_layer'])
 
 
 def test_ddp_gets_the_buffer_keyword_its_torch_has():
@@ -796,16 +825,20 @@ def test_ddp_gets_the_buffer_keyword_its_torch_has():
 
 
 def test_every_config_splits_its_batch_over_2_4_8_ranks():
-    """Each rank gets an equal, contiguous share of the global batch in micro-batches of at most batch_size."""
+    """Each rank gets an equal, contiguous share of the global batch
+    in micro-batches of at most batch_size."""
     micro_batches = train_support.micro_batches
     for path in sorted((REPO / 'config').glob('*.py')):
         settings = configure(train_defaults(), [str(path)], verbose=False)
-        batch_size, global_batch = settings['batch_size'], settings['gradient_accumulation_steps'] * settings['batch_size']
+        batch_size, global_batch = (settings['batch_size'],
+                                    settings['gradient_accumulation_steps'] * settings['batch_size'])
         for world_size in (1, 2, 4, 8):
             ranks = [micro_batches(global_batch, world_size, rank, batch_size) for rank in range(world_size)]
             pieces = [piece for rank in ranks for piece in rank]
-            assert [start for start, _ in pieces] == [0] + [stop for _, stop in pieces[:-1]], (path, world_size)
-            assert pieces[-1][1] == global_batch and all(0 < stop - start <= batch_size for start, stop in pieces)
+            assert ([start for start, _ in pieces]
+                    == [0] + [stop for _, stop in pieces[:-1]]), (path, world_size)
+            assert pieces[-1][1] == global_batch and all(0 < stop - start <= batch_size
+                                                         for start, stop in pieces)
             assert len({len(rank) for rank in ranks}) == 1  # every rank runs the same number of micro-batches
     with pytest.raises(SystemExit, match=r'^train.py: the global batch.* 12 sequences.*multiple of 8$'):
         micro_batches(12, 8, 0, 4)
@@ -836,7 +869,8 @@ PAPER_SIZES = {'resformer_82m.py': 82e6, 'resformer_180m.py': 180e6, 'resformer_
 
 @pytest.mark.parametrize('path', sorted((REPO / 'config').glob('*.py')), ids=lambda path: path.name)
 def test_config_files_load_and_build_their_model(path):
-    """Every config file names only real settings, builds a valid model, and the paper's give the paper's sizes."""
+    """Every config file names only real settings, builds a valid model,
+    and the paper's give the paper's sizes."""
     settings = configure(train_defaults(), [str(path)], verbose=False)
     assert settings['block_size'] >= 128 and settings['max_iters'] == settings['lr_decay_iters']
     model_args = {f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}
@@ -844,7 +878,8 @@ def test_config_files_load_and_build_their_model(path):
         model = GPT(GPTConfig(**model_args, vocab_size=50304))
     if path.name in PAPER_SIZES:
         assert abs(model.num_params() / PAPER_SIZES[path.name] - 1) < 0.03, model.num_params()
-        assert settings['batch_size'] * settings['gradient_accumulation_steps'] == 1024  # the paper's global batch
+        # the paper's global batch
+        assert settings['batch_size'] * settings['gradient_accumulation_steps'] == 1024
 
 
 # the other process in the next test: holds a lock through support.py, says so, and waits for a line on stdin
@@ -859,22 +894,25 @@ held.release()
 
 
 def test_without_fcntl_as_on_windows(tmp_path):
-    """Windows has no fcntl: prepare.py and train.py run without it, and train.py's out_dir lock (msvcrt there;
-    here the marker file filelock uses without fcntl) refuses a second writer, naming it. Simulated on Linux."""
+    """Windows has no fcntl: prepare.py and train.py run without it, and train.py's out_dir lock (msvcrt
+    there; here the marker file filelock uses without fcntl) refuses a second writer, naming it. Simulated on
+    Linux."""
     (tmp_path / 'no_fcntl').mkdir()
     (tmp_path / 'no_fcntl' / 'sitecustomize.py').write_text("import sys\nsys.modules['fcntl'] = None\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / 'no_fcntl'))
     assert run(['-c', 'import fcntl'], tmp_path, check=False, env=env).returncode == 1  # the simulation holds
-    (tmp_path / 'tiny.txt').write_text('\n'.join(f'line {i}: value residual first layer.' for i in range(2000)))
+    (tmp_path / 'tiny.txt').write_text('\n'.join(f'line {i}: value residual first layer.'
+                                                 for i in range(2000)))
     run([REPO / 'prepare.py', '--input=tiny.txt', '--out_dir=data/tiny_char'], tmp_path, env=env)
     (tmp_path / 'out').mkdir()
-    holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(tmp_path / 'out' / '.lock'), str(REPO)], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(tmp_path / 'out' / '.lock'), str(REPO)],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == 'held\n'
         refused = run([REPO / 'train.py', *TINY, '--max_iters=2', '--device=cpu', '--out_dir=out'], tmp_path,
                       check=False, env=env)
-        one_line_error(refused, f'train.py: another run (process {holder.pid}) is writing to out; wait for it to end')
+        one_line_error(refused, f'train.py: another run (process {holder.pid}) is writing to out; '
+                                f'wait for it to end')
     finally:
         holder.communicate('\n')  # it lets go
     run([REPO / 'train.py', *TINY, '--max_iters=2', '--device=cpu', '--out_dir=out'], tmp_path, env=env)
