@@ -628,12 +628,12 @@ def scaling_rows(groups):
                       f"same loss, a saving of {100 * (1 - 1 / factor):.1f}%."]
     return ['', "Savings at equal validation loss. *Parameters*, two readings of the Transformer's final "
             "loss against log(parameters) across our sizes, each giving the size a Transformer would need to "
-            "match ResFormer's loss (saving = 1 − ResFormer's size / that size): *piecewise*, linear between "
-            "neighbouring sizes (extrapolated along the end segment outside them); *fit*, one least-squares "
-            "line through every size. *Tokens*: the step at which ResFormer's mean validation curve first "
-            "reaches the same-size Transformer's final loss (linear between evaluations, inside one cosine "
-            "schedule, so this understates what a shorter schedule would need); saving = 1 − that step / "
-            "total steps. The paper: 16.1% parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
+            "match ResFormer's loss (saving = 1 − ResFormer's size / that size): *piecewise*, linear "
+            "between neighbouring sizes (extrapolated along the end segment outside them); *fit*, one "
+            "least-squares line through every size. *Tokens*: the step at which ResFormer's mean validation "
+            "curve first reaches the same-size Transformer's final loss (linear between evaluations, inside "
+            "one cosine schedule, so this understates what a shorter schedule would need); saving = 1 − "
+            "that step / total steps. The paper: 16.1% parameters, 20.3% tokens (v3: 10.4%, 13.6%).", '',
             '| ResFormer group | parameters | final loss | '
             'Transformer parameters for that loss (piecewise) | parameter saving (piecewise) | '
             'Transformer parameters (fit) | parameter saving (fit) | token saving |',

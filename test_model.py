@@ -92,8 +92,8 @@ def tiny_model(seed=0, dtype=torch.float64, **kw):
 
 @torch.no_grad()
 def sharpen(model, seed=0):
-    """Replace the 0.02-std init by larger random weights, random norm gains and perturbed λ / DenseFormer α.
-    At the paper's init attention is nearly uniform and a masking or mixing bug barely moves the logits;
+    """Replace the 0.02-std init by larger random weights, random norm gains and perturbed λ / DenseFormer
+    α. At the paper's init attention is nearly uniform and a masking or mixing bug barely moves the logits;
     with these weights the same bug moves them by O(1)."""
     g = torch.Generator().manual_seed(seed + 1000)
     for name, p in model.named_parameters():
@@ -185,7 +185,8 @@ def naive_forward(state, cfg, idx):
         else:
             assert n % 2 == 1 and cfg.share_kv in ('k', 'kv')
             K, K_raw = K_prev, None
-        # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2)); SVFormer layers have no W_V
+        # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2));
+        # SVFormer layers have no W_V
         if f'value_bank.{n}.weight' in W:  # a bank of values: V_n = γ_v E_n[token], no W_V
             assert p + 'attn.c_v.weight' not in W
             Vn = heads(W[p + 'attn.gamma_v'] * W[f'value_bank.{n}.weight'][idx], H_kv)
@@ -622,8 +623,8 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
 @pytest.mark.parametrize('n_layer, bank', [(2, [1]), (3, [2]), (4, [2, 3]), (8, [5, 6, 7]),
                                            (12, [8, 9, 10, 11]), (24, list(range(16, 24)))])
 def test_value_bank_is_the_last_third_and_replaces_w_v_there(n_layer, bank):
-    """BoV's layers: 0-based layer >= 2·n_layer // 3 (with 12 layers its "last 4", with 24 layers 16-23). Each
-    has its own vocab x kv_dim table and one γ_v and no W_V; every other layer keeps its W_V."""
+    """BoV's layers: 0-based layer >= 2·n_layer // 3 (with 12 layers its "last 4", with 24 layers 16-23).
+    Each has its own vocab x kv_dim table and one γ_v and no W_V; every other layer keeps its W_V."""
     with torch.device('meta'):
         model = GPT(tiny_config(n_layer=n_layer, value_bank=True, n_kv_head=2))
     assert sorted(map(int, model.value_bank)) == bank
@@ -732,8 +733,8 @@ def test_lambdas_value_rescale_divides_by_row_sum():
 
 @pytest.mark.parametrize('variant', ['resformer_learnable', 'resformer_learnable_plus'])
 def test_learnable_lambdas_start_at_config_and_train(variant):
-    """Learnable and Learnable-Plus λ start equal to the config's table (Plus: λ·softmax(λ') reproduces it,
-    λ summing to n_layer with larger weight on higher layers) and move after one optimizer step."""
+    """Learnable and Learnable-Plus λ start equal to the config's table (Plus: λ·softmax(λ') reproduces
+    it, λ summing to n_layer with larger weight on higher layers) and move after one optimizer step."""
     torch.manual_seed(0)
     model = GPT(tiny_config(variant=variant))
     start = model.lambdas.detach().clone()

@@ -48,7 +48,8 @@ def words(rng, n):
 def test_gpt2_encoding_known_ids_and_round_trip():
     enc = prepare.gpt2_encoding()
     assert enc.encode("Hello world") == [15496, 995]
-    text = "To be, or not to be: that is the question.\n  Naïve café — 1,234 tokens? <|endoftext|> as text"
+    text = ("To be, or not to be: that is the question.\n  Naïve café — 1,234 tokens? "
+            "<|endoftext|> as text")
     assert enc.decode(enc.encode_ordinary(text)) == text
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, EOT)
 
