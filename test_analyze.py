@@ -22,7 +22,7 @@ import prepare
 from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
                      sublayer_losses, token_norms)
 from model import GPT, GPTConfig, load_checkpoint
-from test_sample import TINY, one_thread, train_tiny_checkpoint
+from test_sample import TINY, in_folder, one_thread, train_tiny_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 T = 6
@@ -205,7 +205,7 @@ def analyze(runs, *args):
     stdout, stderr = io.StringIO(), io.StringIO()
     returncode = 0
     with (contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(),
-          contextlib.chdir(runs)):
+          in_folder(runs)):
         sys_argv, sys.argv = sys.argv, [ANALYZE_PY, '--device=cpu', *args]
         try:
             runpy.run_path(ANALYZE_PY, run_name='__main__')

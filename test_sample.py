@@ -33,6 +33,17 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def in_folder(path):
+    """contextlib.chdir, which needs Python 3.11 (the README promises 3.10)."""
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
 def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150, text=TEXT, chars=CHARS, seed=0,
                           **settings):
     """Train a tiny character-level model on text (TEXT: until greedy decoding recites it); save it as
@@ -85,7 +96,7 @@ def sample(out_dir, *args):
     argv = [SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), \
-            contextlib.chdir(os.path.dirname(out_dir)):
+            in_folder(os.path.dirname(out_dir)):
         sys_argv, sys.argv = sys.argv, argv
         try:
             runpy.run_path(SAMPLE_PY, run_name='__main__')
