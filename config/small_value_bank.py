@@ -13,6 +13,7 @@
 #   python train.py config/small_value_bank.py --variant=resformer_identity --out_dir=out/bpe_value_bank_resformer
 #   python train.py config/small_value_bank.py --value_bank=False --ffn_hidden=8811 --out_dir=out/bpe_vanilla_wide
 # Prepare the data first: python prepare.py --tokenizer=gpt2
+# Results, 3 seeds at 4 and 8 layers: results/value_bank_bpe/README.md, read in results/README.md.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'small_svformer.py')).read())  # its data and shape
 variant = 'vanilla'
