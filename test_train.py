@@ -27,6 +27,7 @@ import support
 import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig, load_checkpoint
+from test_sample import in_folder
 
 REPO = Path(__file__).resolve().parent
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
@@ -61,11 +62,10 @@ def train(workdir, *args, check=True):
 def train_here(workdir, args, check=True, script=REPO / 'train.py'):
     """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code
     and output as a CompletedProcess."""
-    argv, cwd, out, err = sys.argv, os.getcwd(), io.StringIO(), io.StringIO()
+    argv, out, err = sys.argv, io.StringIO(), io.StringIO()
     sys.argv, code = ['train.py', *map(str, args)], 0
-    os.chdir(workdir)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with in_folder(workdir), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_path(str(script))
     except SystemExit as stop:  # what the interpreter does with it at exit
         code = stop.code if isinstance(stop.code, int) else 1
@@ -73,7 +73,6 @@ def train_here(workdir, args, check=True, script=REPO / 'train.py'):
             err.write(f"{stop.code}\n")
     finally:
         sys.argv = argv
-        os.chdir(cwd)
         gc.collect()  # the run's globals form a reference cycle: free them, closing its out_dir lock
     result = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     if check and code != 0:
