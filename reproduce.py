@@ -85,11 +85,12 @@ DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iter
 DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
                   'resformer_learnable_plus', 'svformer', 'neutreno']
 # Is ResFormer's gain only a faster-learning layer 1, or V1 itself without attention? At the paper's depth:
-# a Transformer whose layer-1 W_V and W_O train at 2x and 4x the rate (the paper's Sec. 4.3 control; it
-# publishes no multiplier, so two), and V1 added unattended (value_mapping='identity', Sec. 4.4's identity
-# mapping) with Identity ResFormer's weights, paired with the depth suite's Transformer.
+# a Transformer whose layer-1 W_V and W_O train faster (the paper's Sec. 4.3 control): at 2x and 1.5x, the
+# gradient-norm ratios Sec. 4.3 reports for ResFormer's layer-1 W_V and W_O, and at 2x/2x and 4x/4x; and V1
+# added unattended (value_mapping='identity', Sec. 4.4's identity mapping), paired with the depth suite's
+# Transformer.
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
-CONTROL_LR_SCALES = (2.0, 4.0)
+CONTROL_LR_SCALES = ((2.0, 2.0), (4.0, 4.0), (2.0, 1.5))  # (W_V's multiplier, W_O's)
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
 
@@ -139,9 +140,10 @@ def suite_groups(suite, scale):
         return ([(f'{BASELINE} L8', dict(variant=BASELINE, **DEPTH[scale]), f'{BASELINE} L8'),
                  ('resformer_identity L8', dict(variant='resformer_identity', **DEPTH[scale]),
                   f'{BASELINE} L8')]
-                + [(f'{BASELINE} layer-1 lr x{m:g} L8',
-                    dict(variant=BASELINE, lr_scales=[[name, m] for name in LAYER1], **DEPTH[scale]),
-                    f'{BASELINE} L8') for m in CONTROL_LR_SCALES]
+                + [(f'{BASELINE} layer-1 lr x{v:g}' + (f' (W_O x{o:g})' if o != v else '') + ' L8',
+                    dict(variant=BASELINE, lr_scales=[[name, m] for name, m in zip(LAYER1, (v, o))],
+                         **DEPTH[scale]),
+                    f'{BASELINE} L8') for v, o in CONTROL_LR_SCALES]
                 + [('identity mapping L8', dict(variant='resformer_identity', value_mapping='identity',
                                                 **DEPTH[scale]), f'{BASELINE} L8')])
     raise ValueError(f"unknown suite {suite!r}")
