@@ -665,7 +665,7 @@ def grad_rows(groups):
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
     return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and "
             "over every logged step (every log_interval steps), then over the first and the last quarter of "
-            "those steps alone (the paper, second-hand: about 2× for layer 1's W_V and 1.5× for W_O).", '',
+            "those steps alone (the paper's Sec. 4.3: about 2× for layer 1's W_V and 1.5× for W_O).", '',
             "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | "
             "W_V, last quarter | W_O, first quarter | W_O, last quarter |",
             '|---|---|---|---|---|---|---|---|'] + rows
