@@ -76,7 +76,7 @@ class GPTConfig:
     (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
     softmax), or 'hidden' (the hidden residual: block n's attention reads λ1 norm(H_s) + λ2 norm(x_n),
     both through its own RMSNorm, so that its Q, K and V are each λ1 (from H_s) + λ2 (its own); the residual
-    stream x_n and the MLP are unchanged. Our reading of a text we could not read; see docs/model.md)."""
+    stream x_n and the MLP are unchanged: our reading, see docs/model.md)."""
     value_mapping: str = 'current'
     """Which attention maps the values of earlier layers (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 +
     λ2 V_n)), 'first' (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the
