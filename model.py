@@ -74,11 +74,15 @@ class GPTConfig:
     residual_type: str = 'value'
     """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query'
     (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
-    softmax), or 'hidden' (block n's input x_n <- λ1 H_s + λ2 x_n; our reading of the "hidden residual")."""
+    softmax), or 'hidden' (the hidden residual: block n's attention reads λ1 norm(H_s) + λ2 norm(x_n),
+    both through its own RMSNorm, so that its Q, K and V are each λ1 (from H_s) + λ2 (its own); the residual
+    stream x_n and the MLP are unchanged: our reading, see docs/model.md)."""
     value_mapping: str = 'current'
-    """Which attention maps V1 (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)), 'first'
-    (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the output projection)
-    or 'identity' (λ1 V1 + λ2 A_n V_n: V1 added unattended, each position its own row)."""
+    """Which attention maps the values of earlier layers (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 +
+    λ2 V_n)), 'first' (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the
+    output projection) or 'identity' (ICLR Eqn. 6, U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i: every earlier
+    layer's values, unattended, each position its own row; no λ, so it takes residual_source=0 and
+    Identity's default lambdas, which it leaves unused)."""
     h0_residual: bool = True
     """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
     drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
@@ -219,10 +223,15 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = MLP(config)
         self.adds_input = layer > 0 or config.h0_residual
+        self.mixes_hidden = config.mixes(layer) == 'hidden'
 
-    def forward(self, x, rope, lam, v1, kv_cache, ablation_inputs=None):
-        """ablation_inputs: what an AblationAttention reads beyond V1 (see GPT.ablation_inputs)."""
-        y, heads = self.attn(self.norm_attn(x), rope, lam, v1, kv_cache, **(ablation_inputs or {}))
+    def forward(self, x, rope, lam, v1, kv_cache, ablation_inputs=None, h_source=None):
+        """ablation_inputs: what an AblationAttention reads beyond V1 (see GPT.ablation_inputs); h_source: the
+        hidden residual's H_s, the source block's input (B, T, C), at the new positions."""
+        h = self.norm_attn(x)
+        if self.mixes_hidden:  # hidden residual (Sec. 4.4): the attention reads λ1 norm(H_s) + λ2 norm(x_n)
+            h = lam[0] * self.norm_attn(h_source) + lam[1] * h
+        y, heads = self.attn(h, rope, lam, v1, kv_cache, **(ablation_inputs or {}))
         x = x + y if self.adds_input else y
         return x + self.mlp(self.norm_mlp(x)), heads
 
@@ -326,17 +335,20 @@ class GPT(nn.Module):
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
         s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2 (Sec. 4.4)
         v1 = source = prev = None  # V1; for AblationAttention, the Heads of V1's layer and of the last one
+        v_sum = 0  # the identity mapping (Eqn. 6): every earlier layer's values at the new positions, summed
         kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         # the token ids of every position attended over, cached ones included: a bank of values' values
         tokens = idx if kv_cache is None or not self.value_bank else kv_cache.store_tokens(idx)
         for i, block in enumerate(self.blocks):
-            x = self.between_blocks(i, x, prev, kept, lambdas, stats)
-            inputs = self.ablation_inputs(i, idx, tokens, source, prev)
-            x, heads = block(x, rope, lambdas[i], v1, kv_cache, inputs)
+            x = self.between_blocks(i, x, prev, kept, stats)
+            inputs = self.ablation_inputs(i, idx, tokens, source, prev, v_sum)
+            x, heads = block(x, rope, lambdas[i], v1, kv_cache, inputs, kept.get('h_source'))
             if i == s:  # V1, taken at layer 1 (every cached position included), goes to every later layer
                 v1, source = heads.v, heads
             prev = heads
-        x = self.between_blocks(len(self.blocks), x, prev, kept, lambdas, stats)
+            if self.config.value_mapping == 'identity':
+                v_sum = v_sum + newest(heads.v, T)
+        x = self.between_blocks(len(self.blocks), x, prev, kept, stats)
         if kv_cache is not None:
             kv_cache.pos += T
         logits = self.lm_head(self.norm_f(x))
@@ -346,9 +358,9 @@ class GPT(nn.Module):
                                    ignore_index=-1)
         return logits, loss
 
-    def between_blocks(self, i, x, prev, kept, lambdas, stats):
+    def between_blocks(self, i, x, prev, kept, stats):
         """The residual stream x between block i - 1 and block i (i = n_layer: after the last), where all that
-        acts is off the paper's path: DenseFormer, the analysis statistics, Sec. 4.4's hidden residual.
+        acts is off the paper's path: DenseFormer, the analysis statistics, H_s kept for the hidden residual.
         prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept here."""
         if i > 0 and self.dwa is not None:
             # DenseFormer: block i - 1's output becomes Σ_j α_{i-1,j} X_j over X_0 (the embedding) .. X_i;
@@ -364,19 +376,17 @@ class GPT(nn.Module):
             stats['hidden'].append(x)
         if i == self.config.residual_source:
             kept['h_source'] = x  # H_s, the source block's input (H0 = the embedding)
-        elif i < self.config.n_layer and self.config.mixes(i) == 'hidden':  # x_n <- λ1 H_s + λ2 x_n
-            x = lambdas[i, 0] * kept['h_source'] + lambdas[i, 1] * x
         return x
 
-    def ablation_inputs(self, i, idx, tokens, source, prev):
+    def ablation_inputs(self, i, idx, tokens, source, prev, v_sum):
         """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
         the previous layer's (for CLA), its value embedding of the new tokens idx, its bank's rows for every
-        position in tokens. None for the paper's attention."""
+        position in tokens, the sum of the earlier layers' values v_sum. None for the paper's attention."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
             return None
         value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
         bank = self.value_bank[str(i)](tokens) if str(i) in self.value_bank else None
-        return dict(source=source, prev=prev, value_embed=value_embed, bank=bank)
+        return dict(source=source, prev=prev, value_embed=value_embed, bank=bank, v_sum=v_sum)
 
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
@@ -486,8 +496,8 @@ class GPT(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual and
-# DenseFormer act between blocks, in GPT.between_blocks.)
+# Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual acts
+# on a Block's attention input, DenseFormer between blocks, in GPT.between_blocks.)
 
 class AblationAttention(nn.Module):
     """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix
@@ -513,6 +523,7 @@ class AblationAttention(nn.Module):
         self.shares_v, self.bank = config.shares_prev(layer, 'v'), config.in_value_bank(layer)
         self.explicit_softmax = config.explicit_softmax(layer)
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
+        self.layer = layer  # the identity mapping averages the values of the `layer` layers before this one
         self.c_q = nn.Linear(d, d, bias=False)
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(d, kv_dim, bias=False)
         self.c_v = None if self.svformer or self.shares_v or self.bank else nn.Linear(d, kv_dim, bias=False)
@@ -522,10 +533,12 @@ class AblationAttention(nn.Module):
             if config.has_value_embed(layer) else None
         self.gamma_v = nn.Parameter(torch.ones(1)) if self.bank else None  # BoV's scale of the layer's table
 
-    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed, bank):
+    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed, bank, v_sum):
         """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
         and of the previous layer; value_embed: the layer's value embedding of the new tokens (B, T, kv_dim);
-        bank: its bank's rows for every position attended over (B, T_k, kv_dim); each None if not used."""
+        bank: its bank's rows for every position attended over (B, T_k, kv_dim); each None if not used.
+        v_sum: for the identity mapping, the values of every earlier layer at the new positions, summed
+        (B, H_kv, T, hd)."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
@@ -569,8 +582,8 @@ class AblationAttention(nn.Module):
             y = attention(q, k, v, dropout)
         if self.mapping == 'first':  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
             y = lam[0] * source.out + lam[1] * y
-        if self.mapping == 'identity':  # the "identity mapping", by no attention: λ1 V1 + λ2 A_n V_n
-            y = lam[0] * newest(v1, T).repeat_interleave(self.n_head // self.n_kv_head, dim=1) + lam[1] * y
+        if self.mapping == 'identity':  # ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i, unattended
+            y = y + (v_sum / self.layer).repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         if self.neutreno_lambda:
             y = y + self.neutreno_lambda * (newest(v1, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
         return self.project_out(y), Heads(q, k, v, probs, y)
@@ -827,6 +840,11 @@ def check_flags(cfg, need):
     need(cfg.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
     need(len(cfg.lambdas) == cfg.n_layer,
          f"lambdas must have shape ({cfg.n_layer}, 2), got {len(cfg.lambdas)} rows")
+    unweighted = cfg.lambdas == variant_lambdas('resformer_identity', cfg.n_layer)  # the default, unused
+    need(cfg.value_mapping != 'identity' or (s == 0 and unweighted and cfg.lambda_mode == 'fixed'
+                                             and not cfg.value_rescale),
+         "value_mapping='identity' (ICLR Eqn. 6) adds the mean of every earlier layer's values and has no "
+         "λ: use residual_source=0 and drop lambdas, lambda_mode and value_rescale")
     for n, row in enumerate(cfg.lambdas[:s + 1]):
         need(row == (0.0, 1.0),
              f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")

@@ -66,7 +66,8 @@ ABLATION_CASES = {
     'attention_residual_v2': dict(variant='resformer_identity', residual_type='attention', residual_source=1),
     'mapping_first': dict(value_residual=True, value_mapping='first', lambdas=MIXED, n_kv_head=2),
     'mapping_first_rescaled': dict(variant='resformer_constant', value_mapping='first', value_rescale=True),
-    'mapping_identity': dict(value_residual=True, value_mapping='identity', lambdas=MIXED, n_kv_head=2),
+    'mapping_identity': dict(value_residual=True, value_mapping='identity', n_kv_head=2),  # Eqn. 6: no λ
+    'mapping_identity_bank': dict(variant='resformer_identity', value_mapping='identity', value_bank=True),
     'v2_source_no_h0_residual': dict(variant='resformer_identity', residual_source=1, h0_residual=False),
     'hidden_h0': dict(value_residual=True, residual_type='hidden', lambdas=MIXED),
     'hidden_h1': dict(variant='resformer_identity', residual_type='hidden', residual_source=1),
@@ -128,8 +129,8 @@ def naive_forward(state, cfg, idx):
     """Logits of `cfg`'s model with weights `state`, written from the paper's formulas with explicit loops
     over layers and heads and nothing from model.py. Supports fixed λ (value residual, SVFormer, rescaling),
     the Sec. 4.4 ablations (source layer, query/key/attention-matrix/hidden residual, mapping by the source's
-    attention), NeuTRENO, GQA/MQA, cross-layer K/V sharing, value embeddings and the bank of values; not
-    DenseFormer or learnable λ."""
+    attention or by none), NeuTRENO, GQA/MQA, cross-layer K/V sharing, value embeddings and the bank of
+    values; not DenseFormer or learnable λ."""
     assert not cfg.denseformer and cfg.lambda_mode == 'fixed'
     W = {k: v.to(torch.float64) for k, v in state.items()}
     B, T = idx.shape
@@ -161,6 +162,7 @@ def naive_forward(state, cfg, idx):
 
     x = W['wte.weight'][idx]
     src = {}           # the source layer's raw Q, K (before RoPE), V, attention probabilities, outputs, input
+    values = []        # every earlier layer's V, per KV head
     K_prev = V_prev = None
     for n in range(L):
         p = f'blocks.{n}.'
@@ -170,9 +172,9 @@ def naive_forward(state, cfg, idx):
         mixing = n > s and kind is not None
         if n == s:
             src['H'] = x                                      # H_s: block s's input (H0 = the embedding)
-        elif mixing and kind == 'hidden':
-            x = lam[0] * src['H'] + lam[1] * x
         h = rmsnorm(x, W[p + 'norm_attn.weight'])
+        if mixing and kind == 'hidden':                   # attention input λ1 norm(H_s) + λ2 norm(x_n)
+            h = lam[0] * rmsnorm(src['H'], W[p + 'norm_attn.weight']) + lam[1] * h
         Q = heads(h @ W[p + 'attn.c_q.weight'].T, H)
         if mixing and kind == 'query':
             Q = mix(lam, src['Q'], Q)
@@ -220,7 +222,7 @@ def naive_forward(state, cfg, idx):
             if mixing and kind == 'value' and cfg.value_mapping == 'first':
                 u = lam[0] * src['U'][i] + lam[1] * u          # λ1 A_s V_s + λ2 A_n V_n
             if mixing and kind == 'value' and cfg.value_mapping == 'identity':
-                u = lam[0] * src['V'][j] + lam[1] * u          # λ1 V_s + λ2 A_n V_n, V_s unattended
+                u = u + sum(v[j] for v in values) / n          # Eqn. 6: A_n V_n + 1/(n-1) Σ_{i<n} V_i
             if cfg.neutreno_lambda and n > s:                  # NeuTRENO: U_n += λ (V_s - V'_n)
                 u = u + cfg.neutreno_lambda * (src['V'][j] - V[j])
             outs.append(u)
@@ -231,6 +233,7 @@ def naive_forward(state, cfg, idx):
         gate, up = h @ W[p + 'mlp.c_gate.weight'].T, h @ W[p + 'mlp.c_up.weight'].T
         x = x + (gate * torch.sigmoid(gate) * up) @ W[p + 'mlp.c_down.weight'].T
         K_prev, V_prev = K, V
+        values.append(V)
     head = W['lm_head.weight'] if 'lm_head.weight' in W else W['wte.weight']
     return rmsnorm(x, W['norm_f.weight']) @ head.T
 
@@ -790,6 +793,7 @@ ABLATION_LAYERS = {
     'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
     'query_residual': [1, 2, 3], 'key_residual': [1, 2, 3], 'learnable_key_residual': [1, 2, 3],
     'mapping_first': [1, 2, 3], 'mapping_first_rescaled': [1, 2, 3], 'mapping_identity': [1, 2, 3],
+    'mapping_identity_bank': [1, 2, 3],
     'attention_residual': [0, 1, 2, 3], 'attention_residual_v2': [1, 2, 3],  # A from the source layer on
 }
 
@@ -966,6 +970,12 @@ BAD_CONFIGS = {
     'query residual with a zero own weight': dict(variant='svformer', residual_type='query'),
     'hidden residual with a zero own weight': dict(variant='svformer', residual_type='hidden'),
     'mapping first with a zero own weight': dict(variant='svformer', value_mapping='first'),
+    'identity mapping with lambdas': dict(value_residual=True, value_mapping='identity', lambdas=MIXED),
+    'identity mapping with learnable λ': dict(variant='resformer_learnable', value_mapping='identity'),
+    'identity mapping rescaled': dict(variant='resformer_identity', value_mapping='identity',
+                                      value_rescale=True),
+    'identity mapping from V2': dict(variant='resformer_identity', value_mapping='identity',
+                                     residual_source=1),
     'key residual with share_kv=k': dict(variant='custom', value_residual=True, residual_type='key',
                                          share_kv='k'),
 }

@@ -2,8 +2,9 @@
 # (sources: docs/experiments.md), all with Identity's weights (0.5, 0.5) in layers 2-8:
 #   value      V'_n = 0.5 V1 + 0.5 V_n (ResFormer)       query  Q'_n = 0.5 Q1 + 0.5 Q_n
 #   key        K'_n = 0.5 K1 + 0.5 K_n                   attention  A'_n = 0.5 A1 + 0.5 A_n (explicit softmax)
-#   hidden     block n's input x_n <- 0.5 H0 + 0.5 x_n, H0 the embedding (or H1, block 1's output, with
-#              --residual_source=1): our reading of the latest version's ambiguous "extra hidden residual".
+#   hidden     block n's attention reads 0.5 norm(H0) + 0.5 norm(x_n), H0 the embedding (or H1, block 1's
+#              output, with --residual_source=1), so its Q, K and V each mix in H0's; the residual stream is
+#              unchanged. Our reading of the latest version's "extra hidden residual" (docs/model.md).
 # Paper: ICLR Sec. 4.3, Fig. 9 (Q, K, V; curves only): "only residual connections for values yield positive
 # effects". Mean validation loss: Transformer 2.7389, value 2.7117 (ICLR A.6 Table 5); the latest version's
 # ablation table (second-hand) has query 2.742, key 2.746, attention matrix 2.757, hidden residual from H0
