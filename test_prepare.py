@@ -493,6 +493,15 @@ def test_slimpajama_with_the_papers_kind_of_tokenizer_trains_at_its_vocabulary(t
     assert checkpoint["model_args"]["vocab_size"] == 320  # 280 + 23 tokens, padded to a multiple of 64
 
 
+def test_without_the_papers_tokenizer_one_line_says_how_to_pass_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # neither cached (a fresh HF_HOME) nor downloaded
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    slimpajama_download(tmp_path / "download", [("train", 1, 0)])
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={tmp_path / 'download'}", cwd=tmp_path,
+                               check=False), "RedPajama-INCITE-7B-Base", "--tokenizer_file=PATH")
+    assert not os.path.exists(tmp_path / "data" / "slimpajama_neox")
+
+
 def test_slimpajama_zst_problems_are_one_line(tmp_path, monkeypatch):
     root = tmp_path / "download"
     slimpajama_download(root, [("train", 1, 0)])
