@@ -233,7 +233,7 @@ def doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len):
     if 'val_doc_starts' not in meta:
         raise SystemExit(f"analyze.py: {data_dir}/meta.json has no val_doc_starts (an older prepare.py); run "
                          f"`{prepare_command(data_dir)}` again, or use --windows=mid_text")
-    separator = ([meta['eot_token']] if meta['tokenizer'] == 'gpt2'
+    separator = ([meta['eot_token']] if 'eot_token' in meta
                  else load_tokenizer(meta).encode(meta['separator']))
     room = seq_len - len(separator)  # tokens of the document itself
     starts = [s for s in meta['val_doc_starts'] if s + room <= len(tokens)]

@@ -86,9 +86,9 @@ DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resforme
                   'resformer_learnable_plus', 'svformer', 'neutreno']
 # Is ResFormer's gain only a faster-learning layer 1, or V1 itself without attention? At the paper's depth:
 # a Transformer whose layer-1 W_V and W_O train faster (the paper's Sec. 4.3 control): at 2x and 1.5x, the
-# gradient-norm ratios Sec. 4.3 reports for ResFormer's layer-1 W_V and W_O, and at 2x/2x and 4x/4x; and V1
-# added unattended (value_mapping='identity', Sec. 4.4's identity mapping), paired with the depth suite's
-# Transformer.
+# gradient-norm ratios Sec. 4.3 reports for ResFormer's layer-1 W_V and W_O, and at 2x/2x and 4x/4x; and the
+# earlier layers' values added unattended (value_mapping='identity', ICLR Eqn. 6's identity mapping), paired
+# with the depth suite's Transformer.
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
 CONTROL_LR_SCALES = ((2.0, 2.0), (4.0, 4.0), (2.0, 1.5))  # (W_V's multiplier, W_O's)
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
