@@ -271,8 +271,10 @@ _probes = {}
 
 def probe(settings):
     """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
-    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds', 'value_bank')
-                    if k in settings}
+    # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
+    # must show in the probe of every run that sets it
+    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping',
+                                             'residual_type', 'h0_residual') if k in settings}
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
     key = json.dumps(tiny, sort_keys=True)

@@ -20,6 +20,9 @@ from model import GPT, GPTConfig
 from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 
 
+REAL_PROBE = reproduce.probe  # before the fixture below replaces it in every test
+
+
 @pytest.fixture(autouse=True)
 def probe(monkeypatch):
     """The probe trains a tiny model; here every summary's code counts as today's
@@ -413,3 +416,21 @@ def test_per_domain_losses_get_a_table_and_single_corpus_runs_none():
     rows = reproduce.domain_rows(groups)
     assert rows[-1] == '| vanilla | 3.2500 | 1.5000 |' and '| group | C4 | Github |' in rows
     assert reproduce.domain_rows({'vanilla': {'runs': [run(None)]}}) == []
+
+
+def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkeypatch):
+    """An ablation flag (value_mapping='identity', say) reaches the probe's run, so a change to its formula
+    makes the runs that set it stale; shapes and schedules stay the probe's own."""
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, '', 'stopped here')
+
+    monkeypatch.setattr(reproduce.subprocess, 'run', fake_run)
+    with pytest.raises(SystemExit):
+        REAL_PROBE(dict(variant='resformer_identity', value_mapping='identity', residual_type='value',
+                        n_layer=8, learning_rate=0.5))
+    assert {'--variant=resformer_identity', '--value_mapping=identity', '--residual_type=value',
+            f"--n_layer={reproduce.PROBE['n_layer']}", f"--learning_rate={reproduce.PROBE['learning_rate']!r}"
+            } <= set(commands[0])
