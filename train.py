@@ -14,6 +14,7 @@ time writes to it.
 
 Settings are the globals below; config files and --key=value arguments override them (configurator.py).
 """
+import functools
 import math
 import os
 import sys
@@ -54,6 +55,10 @@ gradient_accumulation_steps = 1  # global batch per optimizer step is gradient_a
 batch_size = 16  # sequences, whatever the number of ranks
 micro_batch_size = None  # most sequences one pass takes; None = batch_size. Lower it to fit memory: same step
 block_size = 128  # tokens per sequence: the context length T
+data_order = 'auto'  # the training windows: 'random' = drawn with replacement, as nanoGPT does; 'epoch' = each
+# window once, in a seeded order (the paper's one epoch, ICLR Sec. 4.1.2), refusing a run that needs more; 'epochs'
+# = the same, with a new order each epoch; 'auto' = 'epoch' on data whose validation is kept by domain (SlimPajama,
+# the full-scale data), else 'random' (the small datasets' runs, and the results committed from them, unchanged)
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer,
 #   resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
@@ -148,6 +153,34 @@ if any(len(shard) <= block_size + 1 for shard in train_shards):
                      f"lower block_size")
 train_room = torch.tensor([len(shard) - block_size - 1 for shard in train_shards],
                           dtype=torch.float64)  # window starts
+val_domains = open_val_domains(data_dir)
+order = data_order if data_order != 'auto' else 'random' if val_domains is None else 'epoch'
+
+
+def window_starts(shard):
+    """Where a shard's windows that share no target start: every block_size tokens, each window overlapping
+    the next by the one token that is its last target and the next one's first input, so every token but a
+    shard's first is a target once. (The paper's 2,048-token chunks share no token, and the first of each is
+    no target.)"""
+    return range(0, len(shard) - block_size, block_size)
+
+
+def every_window(shards):
+    return [(s, i) for s, shard in enumerate(shards) for i in window_starts(shard)]
+
+
+# the epoch orders' windows, numbered shard after shard: shard s holds numbers first_window[s] onwards
+first_window = np.cumsum([0] + [len(window_starts(shard)) for shard in train_shards])
+train_windows = int(first_window[-1])
+if order == 'epoch' and max_iters * global_batch > train_windows:
+    needed = max_iters * global_batch * block_size
+    # 0.1% to spare: a shard's last, partial window is none (~2 windows in a shard of 100M tokens)
+    more = (f"`python prepare.py --dataset=slimpajama --max_tokens={math.ceil(needed * 1.001):_} "
+            f"--out_dir={data_dir}`" if val_domains is not None else "more text")
+    raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read {max_iters * global_batch:,} "
+                     f"windows of {block_size} tokens ({needed:,} tokens), but the training split of {data_dir} "
+                     f"holds {train_windows:,}, each read once (data_order={data_order!r}); prepare enough "
+                     f"with {more}, or allow repeats with --data_order=epochs")
 
 
 def seeded(*keys):
@@ -156,12 +189,26 @@ def seeded(*keys):
     return hash((seed, *keys)) & (2 ** 63 - 1)  # int tuples hash identically in every process
 
 
+@functools.lru_cache(maxsize=2)  # the epoch at hand, and the next one, which a batch may run into
+def epoch_order(epoch):
+    """A seeded random order of the training split's windows: 9.8M numbers, 78 MB, at 20B tokens."""
+    generator = torch.Generator().manual_seed(seeded(-1, epoch))  # no step's seed: steps are never -1
+    return torch.randperm(train_windows, generator=generator).numpy()
+
+
 def global_batch_places(step):
-    """(shard, start) of the step's global batch of windows, drawn from a generator seeded by the step."""
-    generator = torch.Generator().manual_seed(seeded(step))
-    which = torch.multinomial(train_room, global_batch, replacement=True, generator=generator)
-    starts = (torch.rand(global_batch, generator=generator, dtype=torch.float64) * train_room[which]).long()
-    return list(zip(which.tolist(), starts.tolist()))
+    """(shard, start) of the step's global batch of windows: under data_order 'random', drawn from a generator
+    seeded by the step; else the epoch order's next global_batch windows. Either way the step alone says
+    which, so a resumed run continues exactly, and the ranks split the batch as ever."""
+    if order == 'random':
+        generator = torch.Generator().manual_seed(seeded(step))
+        which = torch.multinomial(train_room, global_batch, replacement=True, generator=generator)
+        starts = (torch.rand(global_batch, generator=generator, dtype=torch.float64) * train_room[which]).long()
+        return list(zip(which.tolist(), starts.tolist()))
+    epochs, index = np.divmod(np.arange(step * global_batch, (step + 1) * global_batch), train_windows)
+    number = np.array([epoch_order(epoch)[i] for epoch, i in zip(epochs.tolist(), index.tolist())])
+    shard = np.searchsorted(first_window, number, side='right') - 1
+    return list(zip(shard.tolist(), ((number - first_window[shard]) * block_size).tolist()))
 
 
 def windows(shards, places):
@@ -179,8 +226,7 @@ def windows(shards, places):
 
 def validation_set(shards, count, what):
     """(shards, count windows evenly spaced over them): a validation split, scored the same in every run."""
-    places = [(s, i) for s, shard in enumerate(shards)
-              for i in range(0, len(shard) - block_size - 1, block_size)]
+    places = every_window(shards)
     if len(places) < count:
         raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than the "
                          f"{count} evaluation takes; lower eval_iters or batch_size")
@@ -190,20 +236,28 @@ def validation_set(shards, count, what):
 # What evaluation scores, {name: (shards, windows)}: the validation split's eval_iters x batch_size windows;
 # or, where the data keeps it by domain (SlimPajama), each domain's (the paper scores them one by one),
 # sharing as many equally in whole batches (so training's micro-batches divide them, and micro_batch_size,
-# which a resumed run may change, changes no window).
-val_domains = open_val_domains(data_dir)
-if val_domains is None:
-    val_sets = {'val': validation_set(open_split(data_dir, 'val'), eval_iters * batch_size,
-                                      'the validation split')}
-else:
-    share = -(-eval_iters // len(val_domains)) * batch_size
-    val_sets = {name: validation_set(shards, share, f"the validation split of domain {name}")
-                for name, shards in val_domains.items()}
-# This rank's share of them, in pieces the size of its training micro-batch: a compiled model then meets no
-# batch size of evaluation's own, and memory stays what training takes.
+# which a resumed run may change, changes no window). There, the last evaluation of a run, and eval_only,
+# also score every window of every domain (full_val_sets), as the paper reports (ICLR A.6; the official
+# src/training_args.py's max_eval_samples=None); the sample is cheap and the same at every step, so curves
+# compare. A single corpus keeps its sample alone: its runs, and the results committed from them, stay as
+# they were (Shakespeare's whole split, 3,572 windows, would be scored beside the default run's 9,600 trained).
+val_splits = {'val': open_split(data_dir, 'val')} if val_domains is None else val_domains
+share = eval_iters * batch_size if val_domains is None else -(-eval_iters // len(val_domains)) * batch_size
+val_sets = {name: validation_set(shards, share, 'the validation split' if val_domains is None
+                                 else f"the validation split of domain {name}")
+            for name, shards in val_splits.items()}
+full_val_sets = {name: (shards, every_window(shards)) for name, shards in (val_domains or {}).items()}
+# This rank's share of them, in pieces the size of its training micro-batch (a last, smaller piece padded to
+# it): a compiled model then meets no batch size of evaluation's own, and memory stays what training takes.
 piece = rank_micro_batches[0][1] - rank_micro_batches[0][0]
-rank_val_pieces = [(name, places[i:i + piece]) for name, (_, places) in val_sets.items()
-                   for i in range(0, len(places), piece)][ddp_rank::ddp_world_size]
+
+
+def rank_pieces(sets):
+    return [(name, places[i:i + piece]) for name, (_, places) in sets.items()
+            for i in range(0, len(places), piece)][ddp_rank::ddp_world_size]
+
+
+rank_val_pieces, rank_full_val_pieces = rank_pieces(val_sets), rank_pieces(full_val_sets)
 
 # -----------------------------------------------------------------------------
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
@@ -274,23 +328,24 @@ def get_lr(it):
 
 
 @torch.no_grad()
-def evaluate():
-    """The mean loss over each validation set's fixed windows, the ranks sharing them out: (val_loss,
-    {domain: loss}), val_loss being the unweighted mean over the domains (the paper's), or (val_loss, None)
-    for one split. A bar shows when it takes a while."""
+def evaluate(sets, pieces):
+    """The mean loss over each validation set's windows (val_sets or full_val_sets), the ranks sharing out
+    their pieces: (val_loss, {domain: loss}), val_loss being the unweighted mean over the domains (the
+    paper's), or (val_loss, None) for one split. A bar shows when it takes a while."""
     fast_model.eval()
-    names = list(val_sets)
+    names = list(sets)
     sums = torch.zeros(len(names), device=device)  # of the windows' mean losses, per set
-    for name, places in tqdm(rank_val_pieces, desc='evaluating', leave=False, delay=5,
+    for name, places in tqdm(pieces, desc='evaluating', leave=False, delay=5,
                              disable=not master_process, dynamic_ncols=True):
-        x, y = windows(val_sets[name][0], places)
+        x, y = windows(sets[name][0], places + places[:1] * (piece - len(places)))
+        padding = torch.arange(piece, device=device).unsqueeze(1) >= len(places)
         with autocast:
-            loss = fast_model(x, y)[1]
+            loss = fast_model(x, y.masked_fill(padding, -1))[1]  # targets of -1 are ignored
         sums[names.index(name)] += loss.float() * len(places)
     if ddp:
         torch.distributed.all_reduce(sums)
     fast_model.train()
-    losses = {name: total / len(val_sets[name][1]) for name, total in zip(names, sums.tolist())}
+    losses = {name: total / len(sets[name][1]) for name, total in zip(names, sums.tolist())}
     return sum(losses.values()) / len(losses), (None if val_domains is None else losses)
 
 
@@ -316,7 +371,8 @@ def estimate_time():
         with autocast:
             fast_model(*windows(val_sets[name][0], places))
 
-    train_support.estimate_time(micro_batch, eval_batch, (len(rank_micro_batches), len(rank_val_pieces)),
+    train_support.estimate_time(micro_batch, eval_batch,
+                                (len(rank_micro_batches), len(rank_val_pieces), len(rank_full_val_pieces)),
                                 fast_model, optimizer, compiled, device_type == 'cuda',
                                 (iter_num, max_iters, eval_interval), tokens_per_iter, say)
 
@@ -336,9 +392,18 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
     while True:
         signals.step_boundary()  # under torchrun, a stop signal to any rank stops them all here
         if eval_only or iter_num % eval_interval == 0 or iter_num == max_iters:
-            val_loss, domain_losses = evaluate()
+            val_loss, domain_losses = evaluate(val_sets, rank_val_pieces)
+            said, full = train_support.by_domain(domain_losses), {}
+            if full_val_sets and (eval_only or iter_num == max_iters):  # the last: every window too
+                full_loss, full_domains = evaluate(full_val_sets, rank_full_val_pieces)
+                full = {'val_loss_full': full_loss,
+                        'val_windows_full': sum(len(places) for _, places in full_val_sets.values())}
+                if full_domains:
+                    full['val_loss_full_domains'] = full_domains
+                said += (f"; all {full['val_windows_full']:,} windows: {full_loss:.4f}"
+                         f"{train_support.by_domain(full_domains)}")
             if eval_only:
-                say(f"step {iter_num}: val loss {val_loss:.4f}{train_support.by_domain(domain_losses)}")
+                say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
                 break
             nonfinite.check(iter_num - 1, val_loss)
             with signals.deferred():  # a stop signal waits for the log record and the checkpoint
@@ -347,12 +412,12 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                 last_eval = {'step': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss}
                 if domain_losses:
                     last_eval['val_loss_domains'] = domain_losses
+                last_eval.update(full)
                 run.log(last_eval)
                 if master_process:
                     run.save(checkpoint(), best)
                 signals.wait_for_rank_0()
-            say(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f})"
-                f"{train_support.by_domain(domain_losses)}")
+            say(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f}){said}")
             t_log, steps_timed = time.time(), 0  # throughput counts training steps only
         if iter_num >= max_iters:
             break

@@ -67,6 +67,8 @@ def check_settings(config):
         (c.eval_interval >= 1, f"eval_interval={c.eval_interval}; use 1 or more steps"),
         (c.log_interval >= 1, f"log_interval={c.log_interval}; use 1 or more steps"),
         (c.eval_iters >= 1, f"eval_iters={c.eval_iters}; use 1 or more validation batches"),
+        (c.data_order in ('auto', 'random', 'epoch', 'epochs'),
+         f"data_order={c.data_order!r}; use 'auto', 'random', 'epoch' or 'epochs'"),
         (0 <= c.beta1 < 1 and 0 <= c.beta2 < 1, f"beta1={c.beta1}, beta2={c.beta2}; use values in [0, 1)"),
         # AdamW's first step moves each weight by up to learning_rate/(1-beta1) (its bias correction): beyond
         # float32's range that is inf and the model is lost at once; smaller rates that are still too high
@@ -317,14 +319,16 @@ def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, c
     """Say what the run will cost before any long work, from one micro_batch() (a training forward and
     backward, whose gradients are then dropped: no update, and every step seeds its own randomness, so the run
     is unchanged) and one eval_batch(), timed on every rank. counts: this rank's (micro-batches a step,
-    evaluation batches); schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print."""
-    micro_batches, eval_batches = counts
+    evaluation batches, the last evaluation's more on every validation window); schedule: (this run's first
+    step, max_iters, eval_interval); say: rank 0's print."""
+    micro_batches, eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
     began = time.time()
     step = seconds_of(micro_batch, compiled, cuda) * micro_batches
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    evaluation = seconds_of(torch.no_grad()(eval_batch), compiled, cuda) * eval_batches if eval_batches else 0
+    batch = seconds_of(torch.no_grad()(eval_batch), compiled, cuda) if eval_batches else 0
+    evaluation = batch * eval_batches
     model.train()
     compiling = f"; compiling took {duration(time.time() - began - step - evaluation)}" if compiled else ""
     first_eval = -(-first_step // eval_interval) * eval_interval
@@ -332,7 +336,8 @@ def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, c
     steps = max_iters - first_step
     say(f"about {duration(step)} a step ({tokens_per_step / step:,.0f} tokens/s): "
         f"{duration(step * steps)} for the {steps} steps to go, "
-        f"plus {duration(evaluation * evaluations)} for {evaluations} evaluations{compiling}")
+        f"plus {duration(evaluation * evaluations + batch * full_eval_batches)} for {evaluations} evaluations"
+        f"{' (the last also of every validation window)' if full_eval_batches else ''}{compiling}")
 
 
 def seconds_of(work, compiled, cuda):
