@@ -189,14 +189,16 @@ def test_evaluation_takes_training_sized_micro_batches_and_keeps_its_loss(workdi
 DOMAINS = {'arxiv': [300], 'github': [600, 200], 'wikipedia': [2000]}  # tokens in each validation file
 
 
-def domain_data(workdir):
-    """data/domains_char, SlimPajama's layout built by hand: a training shard, and a validation split kept by
-    domain, with domains of different sizes (one in two files) and kinds of text: random tokens, a cycle, and
-    a random walk. Returns {domain: its validation arrays}."""
-    folder, rng, vocab = workdir / 'data' / 'domains_char', np.random.default_rng(0), 16
+def domain_data(workdir, name='domains_char', train_shards=None):
+    """data/<name>, SlimPajama's layout built by hand: a training shard (or shards of random tokens of the
+    lengths train_shards gives), and a validation split kept by domain, with domains of different sizes (one
+    in two files) and kinds of text: random tokens, a cycle, and a random walk. Returns {domain: its
+    validation arrays}."""
+    folder, rng, vocab = workdir / 'data' / name, np.random.default_rng(0), 16
     kinds = {'arxiv': lambda n: rng.integers(0, vocab, n), 'github': lambda n: np.arange(n) % vocab,
              'wikipedia': lambda n: np.cumsum(rng.choice([-1, 1], n)) % vocab}
-    files = {'train_00000.bin': np.concatenate([kind(3000) for kind in kinds.values()])}
+    files = ({f'train_{i:05d}.bin': rng.integers(0, vocab, n) for i, n in enumerate(train_shards or [])}
+             or {'train_00000.bin': np.concatenate([kind(3000) for kind in kinds.values()])})
     val_domains = {domain: [] for domain in DOMAINS}
     for domain, sizes in DOMAINS.items():
         for i, n in enumerate(sizes):
@@ -238,9 +240,108 @@ def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdi
             loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
         assert evaluations[-1]['val_loss_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
     one_line_error(train(workdir, '--dataset=domains_char', '--out_dir=out_domains_few', '--eval_iters=20',
-                         check=False),
+                         '--max_iters=4', check=False),
                    'train.py: the validation split of domain arxiv has 9 windows of 32 tokens, fewer than '
                    'the 56 evaluation takes; lower eval_iters or batch_size')
+
+
+def test_the_last_evaluation_scores_every_validation_window_of_every_domain(workdir):
+    """On data kept by domain, the last evaluation (and eval_only) scores every validation window of every
+    domain beside the fixed sample: val_loss_full_domains holds each domain's mean loss over all its windows
+    (computed here by hand from the checkpoint), val_loss_full their unweighted mean, and the checkpoint's
+    last_eval records it. Evaluation pieces of 3 leave a domain's last piece short: it is padded."""
+    val = domain_data(workdir)
+    common = ['--dataset=domains_char', '--out_dir=out_full_val', '--lr_decay_iters=2',
+              '--micro_batch_size=3']
+    train(workdir, *common, '--max_iters=2', '--eval_interval=1')
+    evaluations = [r for r in records(workdir, 'out_full_val') if 'val_loss' in r]
+    assert ['val_loss_full' in r for r in evaluations] == [False, False, True]
+    last = evaluations[-1]
+    model, checkpoint = load_checkpoint(workdir / 'out_full_val' / 'ckpt.pt')
+    assert checkpoint['last_eval'] == last and list(last['val_loss_full_domains']) == list(DOMAINS)
+    T, total = 32, 0
+    for domain, arrays in val.items():
+        rows = torch.tensor(np.stack([array[i:i + T + 1] for array in arrays
+                                      for i in range(0, len(array) - T, T)]))
+        total += len(rows)
+        with torch.no_grad():
+            loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
+        assert last['val_loss_full_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
+    assert last['val_windows_full'] == total == 9 + 18 + 6 + 62
+    assert last['val_loss_full'] == pytest.approx(sum(last['val_loss_full_domains'].values()) / len(DOMAINS))
+    scored = train(workdir, *common, '--max_iters=2', '--eval_only=True', '--init_from=resume')
+    assert f"; all 95 windows: {last['val_loss_full']:.4f} (arxiv " in scored.stdout
+
+
+RECORD_FORWARDS = """import json, os, runpy, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from model import GPT
+forward, calls = GPT.forward, []
+def recorded(model, idx, *args, **kwargs):
+    calls.append((model.training, idx.tolist()))
+    return forward(model, idx, *args, **kwargs)
+GPT.forward = recorded
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+finally:
+    with open(f"forwards_{os.environ['RANK']}.json", 'w') as f:
+        json.dump(calls, f)
+"""
+
+
+def batches_read(calls):
+    """The training batches a run's forward calls [(training, rows)] read, step by step (one micro-batch a
+    step here), leaving out the cost estimate's, the one training forward before the first evaluation."""
+    first_eval = [training for training, _ in calls].index(False)
+    return [rows for training, rows in calls[first_eval:] if training]
+
+
+def test_one_epoch_reads_every_training_window_once_over_ranks_and_resumes_in_order(workdir, monkeypatch):
+    """On data kept by domain (SlimPajama's layout), data_order='auto' reads each training window once: 2
+    shards of 20 and 28 windows, 6 steps of 8 windows on 2 ranks read all 48 once; one process, stopped at
+    step 3 and resumed, reads the same batches in the same order; data_order='epochs' goes on into a second
+    epoch, in a new order. A run that needs more windows than the split holds stops at start with one line."""
+    T = 32
+    domain_data(workdir, 'epoch_char', train_shards=[20 * T + 1, 28 * T + 1])
+    shards = [np.fromfile(workdir / 'data' / 'epoch_char' / f'train_0000{i}.bin', dtype=np.uint16)
+              for i in (0, 1)]
+    window = {tuple(shard[i:i + T].tolist()): (s, i) for s, shard in enumerate(shards)
+              for i in range(0, len(shard) - T, T)}
+    assert len(window) == 48  # no two windows alike: a batch's rows say which windows it read
+    common = [*TINY, '--dataset=epoch_char', '--eval_interval=3', '--lr_decay_iters=6']
+    (workdir / 'record_forwards.py').write_text(RECORD_FORWARDS)
+    torchrun(workdir, *common, '--max_iters=6', '--out_dir=out_epoch_ddp',
+             script=(workdir / 'record_forwards.py', REPO / 'train.py'))
+    ranks = [batches_read(json.loads((workdir / f'forwards_{rank}.json').read_text())) for rank in (0, 1)]
+    steps = [first + second for first, second in zip(*ranks)]  # rank 0's half of each batch, then rank 1's
+    assert len(steps) == 6
+    assert sorted(window[tuple(row)] for rows in steps for row in rows) == sorted(window.values())
+
+    forward, calls = GPT.forward, []
+
+    def recorded(model, idx, *args, **kwargs):
+        calls.append((model.training, idx.tolist()))
+        return forward(model, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, 'forward', recorded)
+    train(workdir, *common, '--max_iters=3', '--out_dir=out_epoch')
+    resumed = batches_read(calls)
+    calls.clear()
+    train(workdir, *common, '--max_iters=6', '--out_dir=out_epoch', '--init_from=resume')
+    assert resumed + batches_read(calls) == steps
+    calls.clear()
+    train(workdir, *common, '--max_iters=12', '--out_dir=out_epochs', '--data_order=epochs')
+    twice = batches_read(calls)
+    assert twice[:6] == steps and twice[6:] != steps
+    assert sorted(window[tuple(row)] for rows in twice[6:] for row in rows) == sorted(window.values())
+
+    one_line_error(train(workdir, *common, '--max_iters=7', '--out_dir=out_epoch_long', check=False),
+                   'train.py: 7 steps of 8 windows read 56 windows of 32 tokens (1,792 tokens), but the '
+                   "training split of data/epoch_char holds 48, each read once (data_order='auto'); prepare "
+                   'enough with `python prepare.py --dataset=slimpajama --max_tokens=1_794 '
+                   '--out_dir=data/epoch_char`, or allow repeats with --data_order=epochs')
+    assert not (workdir / 'out_epoch_long').exists()
 
 
 def test_an_lr_scale_of_0_leaves_its_parameter_unchanged(workdir):
@@ -536,6 +637,9 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--block_size=0'], 'block_size=0'), (['--block_size=-5'], 'block_size=-5'),
     (['--eval_interval=0'], 'eval_interval=0'), (['--log_interval=0'], 'log_interval=0'),
     (['--eval_iters=0'], 'eval_iters=0'), (['--max_iters=-1'], 'max_iters=-1'),
+    (['--data_order=shuffled'], "data_order='shuffled'", "use 'auto', 'random', 'epoch' or 'epochs'"),
+    (['--out_dir=out_fresh', '--data_order=epoch', '--max_iters=100000'], '100000 steps of 8 windows read',
+     'prepare enough with more text, or allow repeats with --data_order=epochs'),
     (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0'),
     (['--learning_rate=-1'], 'learning_rate=-1'), (['--learning_rate=0'], 'learning_rate=0'),
     (['--learning_rate=3e38'], 'learning_rate=3e+38', 'float32'),

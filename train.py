@@ -55,10 +55,11 @@ gradient_accumulation_steps = 1  # global batch per optimizer step is gradient_a
 batch_size = 16  # sequences, whatever the number of ranks
 micro_batch_size = None  # most sequences one pass takes; None = batch_size. Lower it to fit memory: same step
 block_size = 128  # tokens per sequence: the context length T
-data_order = 'auto'  # the training windows: 'random' = drawn with replacement, as nanoGPT does; 'epoch' = each
-# window once, in a seeded order (the paper's one epoch, ICLR Sec. 4.1.2), refusing a run that needs more; 'epochs'
-# = the same, with a new order each epoch; 'auto' = 'epoch' on data whose validation is kept by domain (SlimPajama,
-# the full-scale data), else 'random' (the small datasets' runs, and the results committed from them, unchanged)
+data_order = 'auto'  # training windows: 'random' = drawn with replacement, as nanoGPT does; 'epoch' = each
+# window once, in a seeded order (the paper's one epoch, ICLR Sec. 4.1.2), refusing a run that needs more;
+# 'epochs' = the same, a new order each epoch; 'auto' = 'epoch' on data whose validation is kept by domain
+# (SlimPajama, the full-scale data), else 'random' (the small datasets' runs, and the results committed from
+# them, stay as they were)
 # model: see GPTConfig in model.py for what each flag means
 variant = 'resformer_identity'  # 'custom' (the flags below) or a preset: vanilla, svformer,
 #   resformer_identity/constant/sparse/learnable(_plus), neutreno(_resformer), denseformer, cla, share_k/v
@@ -177,10 +178,11 @@ if order == 'epoch' and max_iters * global_batch > train_windows:
     # 0.1% to spare: a shard's last, partial window is none (~2 windows in a shard of 100M tokens)
     more = (f"`python prepare.py --dataset=slimpajama --max_tokens={math.ceil(needed * 1.001):_} "
             f"--out_dir={data_dir}`" if val_domains is not None else "more text")
-    raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read {max_iters * global_batch:,} "
-                     f"windows of {block_size} tokens ({needed:,} tokens), but the training split of {data_dir} "
-                     f"holds {train_windows:,}, each read once (data_order={data_order!r}); prepare enough "
-                     f"with {more}, or allow repeats with --data_order=epochs")
+    raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read "
+                     f"{max_iters * global_batch:,} windows of {block_size} tokens ({needed:,} tokens), but "
+                     f"the training split of {data_dir} holds {train_windows:,}, each read once "
+                     f"(data_order={data_order!r}); prepare enough with {more}, or allow repeats with "
+                     f"--data_order=epochs")
 
 
 def seeded(*keys):
@@ -197,14 +199,18 @@ def epoch_order(epoch):
 
 
 def global_batch_places(step):
-    """(shard, start) of the step's global batch of windows: under data_order 'random', drawn from a generator
-    seeded by the step; else the epoch order's next global_batch windows. Either way the step alone says
-    which, so a resumed run continues exactly, and the ranks split the batch as ever."""
-    if order == 'random':
-        generator = torch.Generator().manual_seed(seeded(step))
-        which = torch.multinomial(train_room, global_batch, replacement=True, generator=generator)
-        starts = (torch.rand(global_batch, generator=generator, dtype=torch.float64) * train_room[which]).long()
-        return list(zip(which.tolist(), starts.tolist()))
+    """(shard, start) of the step's global batch of windows, drawn from a generator seeded by the step
+    (data_order 'random'), or the epoch order's next ones: either way the step alone says which, so a resumed
+    run continues exactly, and the ranks split the batch as ever."""
+    if order != 'random':
+        return epoch_places(step)
+    generator = torch.Generator().manual_seed(seeded(step))
+    which = torch.multinomial(train_room, global_batch, replacement=True, generator=generator)
+    starts = (torch.rand(global_batch, generator=generator, dtype=torch.float64) * train_room[which]).long()
+    return list(zip(which.tolist(), starts.tolist()))
+
+
+def epoch_places(step):
     epochs, index = np.divmod(np.arange(step * global_batch, (step + 1) * global_batch), train_windows)
     number = np.array([epoch_order(epoch)[i] for epoch, i in zip(epochs.tolist(), index.tolist())])
     shard = np.searchsorted(first_window, number, side='right') - 1
@@ -240,12 +246,14 @@ def validation_set(shards, count, what):
 # also score every window of every domain (full_val_sets), as the paper reports (ICLR A.6; the official
 # src/training_args.py's max_eval_samples=None); the sample is cheap and the same at every step, so curves
 # compare. A single corpus keeps its sample alone: its runs, and the results committed from them, stay as
-# they were (Shakespeare's whole split, 3,572 windows, would be scored beside the default run's 9,600 trained).
-val_splits = {'val': open_split(data_dir, 'val')} if val_domains is None else val_domains
-share = eval_iters * batch_size if val_domains is None else -(-eval_iters // len(val_domains)) * batch_size
-val_sets = {name: validation_set(shards, share, 'the validation split' if val_domains is None
-                                 else f"the validation split of domain {name}")
-            for name, shards in val_splits.items()}
+# they were (Shakespeare's whole split, 3,572 windows, beside the 9,600 the default run trains on).
+if val_domains is None:
+    val_sets = {'val': validation_set(open_split(data_dir, 'val'), eval_iters * batch_size,
+                                      'the validation split')}
+else:
+    share = -(-eval_iters // len(val_domains)) * batch_size
+    val_sets = {name: validation_set(shards, share, f"the validation split of domain {name}")
+                for name, shards in val_domains.items()}
 full_val_sets = {name: (shards, every_window(shards)) for name, shards in (val_domains or {}).items()}
 # This rank's share of them, in pieces the size of its training micro-batch (a last, smaller piece padded to
 # it): a compiled model then meets no batch size of evaluation's own, and memory stays what training takes.
@@ -396,10 +404,8 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
             said, full = train_support.by_domain(domain_losses), {}
             if full_val_sets and (eval_only or iter_num == max_iters):  # the last: every window too
                 full_loss, full_domains = evaluate(full_val_sets, rank_full_val_pieces)
-                full = {'val_loss_full': full_loss,
+                full = {'val_loss_full': full_loss, 'val_loss_full_domains': full_domains,
                         'val_windows_full': sum(len(places) for _, places in full_val_sets.values())}
-                if full_domains:
-                    full['val_loss_full_domains'] = full_domains
                 said += (f"; all {full['val_windows_full']:,} windows: {full_loss:.4f}"
                          f"{train_support.by_domain(full_domains)}")
             if eval_only:
