@@ -175,9 +175,11 @@ first_window = np.cumsum([0] + [len(window_starts(shard)) for shard in train_sha
 train_windows = int(first_window[-1])
 if order == 'epoch' and max_iters * global_batch > train_windows:
     needed = max_iters * global_batch * block_size
-    # 0.1% to spare: a shard's last, partial window is none (~2 windows in a shard of 100M tokens)
-    more = (f"`python prepare.py --dataset=slimpajama --max_tokens={math.ceil(needed * 1.001):_} "
-            f"--out_dir={data_dir}`" if val_domains is not None else "more text")
+    # 0.1% to spare (a shard's last, partial window is none), rounded up to 3 digits: 21e9 for 10,000 steps
+    unit = 10 ** max(int(math.log10(needed)) - 2, 0)
+    enough = math.ceil(needed * 1.001 / unit) * unit
+    more = (f"`python prepare.py --dataset=slimpajama --max_tokens={enough:_} --out_dir={data_dir}`"
+            if val_domains is not None else "more text")
     raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read "
                      f"{max_iters * global_batch:,} windows of {block_size} tokens ({needed:,} tokens), but "
                      f"the training split of {data_dir} holds {train_windows:,}, each read once "
@@ -346,9 +348,10 @@ def evaluate(sets, pieces):
     for name, places in tqdm(pieces, desc='evaluating', leave=False, delay=5,
                              disable=not master_process, dynamic_ncols=True):
         x, y = windows(sets[name][0], places + places[:1] * (piece - len(places)))
-        padding = torch.arange(piece, device=device).unsqueeze(1) >= len(places)
+        if len(places) < piece:  # a last piece, padded with rows whose targets, -1, the loss ignores
+            y = y.masked_fill(torch.arange(piece, device=device).unsqueeze(1) >= len(places), -1)
         with autocast:
-            loss = fast_model(x, y.masked_fill(padding, -1))[1]  # targets of -1 are ignored
+            loss = fast_model(x, y)[1]
         sums[names.index(name)] += loss.float() * len(places)
     if ddp:
         torch.distributed.all_reduce(sums)

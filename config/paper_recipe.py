@@ -5,7 +5,9 @@
 # - Data: SlimPajama-627B sampled with fixed domain weights, CommonCrawl 0.5, C4 0.2, GitHub 0.1,
 #   Books/ArXiv/Wikipedia/StackExchange 0.05 each, ~20B tokens, one epoch (ICLR Sec. 4.1.1, Table 2; code).
 #   GPT-2 BPE here (the paper: RedPajama-INCITE's GPT-NeoX tokenizer, 50,277 tokens, which prepare.py's
-#   default data/slimpajama_neox holds).
+#   default data/slimpajama_neox holds). One epoch: train.py reads each 2048-token window of the sample once,
+#   in a seeded random order (its data_order), and refuses a run that needs more; 10,000 steps of 2,097,152
+#   tokens need 20.97B, so the sample is 21e9 tokens.
 # - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
 #   Table 3 prints gradient accumulation 32, which its own columns contradict (8 GPUs x 32 x 32 = 8,192
 #   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here the global batch, gradient_accumulation_steps
@@ -18,11 +20,14 @@
 #   ours: it changes only the first 120 of 10,000 steps.
 # - Precision: bf16, as the code trains (--bf16, its DeepSpeed config); ICLR Sec. 4.1.1's text says FP16.
 # - Validation: every 1000 steps (the code's EVAL_STEPS); val_loss is the unweighted mean of the 7 domains'
-#   losses, each on its own validation data (the code: weight 1.0 per domain, one evaluation per domain). ICLR
+#   losses, each on its own validation data (the code: weight 1.0 per domain, one evaluation per domain), on
+#   a fixed sample of eval_iters x batch_size windows; the last evaluation adds val_loss_full, that mean over
+#   every validation window, which the paper reports (ICLR A.6; the code's max_eval_samples=None). ICLR
 #   A.6 Table 5's "Avg." is that mean: 82M Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 +
 #   2.1779) / 7 = 2.7389.
-# Prepare the data first: python prepare.py --dataset=slimpajama --tokenizer=gpt2   (needs `pip install datasets` and
-# the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders): add --input=DIR
+# Prepare the data first: python prepare.py --dataset=slimpajama --tokenizer=gpt2 --max_tokens=21e9   (needs `pip
+# install datasets` and the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders):
+# add --input=DIR
 # Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward
 # (bf16 autocast, eager) were counted with torch.autograd.graph.saved_tensors_hooks on a CPU at micro-batch 1, 256 and
 # 512 tokens, 2 and 3 layers of each shape, and scaled linearly to its layers and micro-batch x 2048 tokens; to them

@@ -3,12 +3,14 @@
 # The ICLR text's largest model is 468M (resformer_468m.py). Sources: docs/experiments.md.
 # Model: an INFERRED shape, published nowhere: 24 layers, 16 heads, d 2048, SwiGLU 7168 = 1.67B parameters.
 # Data: 20B tokens (10,000 steps of 2M, paper_recipe.py's recipe) by default, comparable with the other sizes;
-# the second-hand 200B is the second pair of runs (100,000 steps), and may not even have been SlimPajama.
+# the second-hand 200B is the second pair of runs (100,000 steps), and may not even have been SlimPajama. Each
+# reads its sample once (train.py's data_order), so the 200B runs have a folder of their own, made first with
+#   python prepare.py --dataset=slimpajama --max_tokens=210e9 --out_dir=data/slimpajama_200b
 # val_loss is the mean over the 7 SlimPajama domains' own validation losses. Paper: no loss published. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/scale_vanilla_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
-#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_vanilla_1b6_200B
-#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --out_dir=out/scale_resformer_1b6_200B
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_vanilla_1b6_200B
+#   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_resformer_1b6_200B
 # Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 55-64 GB, most of it the 1.67B parameters' 27 GB
 # of weights, gradients and AdamW state (8 would need 83-101 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
 import os
