@@ -339,7 +339,7 @@ def test_one_epoch_reads_every_training_window_once_over_ranks_and_resumes_in_or
     one_line_error(train(workdir, *common, '--max_iters=7', '--out_dir=out_epoch_long', check=False),
                    'train.py: 7 steps of 8 windows read 56 windows of 32 tokens (1,792 tokens), but the '
                    "training split of data/epoch_char holds 48, each read once (data_order='auto'); prepare "
-                   'enough with `python prepare.py --dataset=slimpajama --max_tokens=1_800 '
+                   'enough with `python prepare.py --dataset=slimpajama --tokenizer=char --max_tokens=1_800 '
                    '--out_dir=data/epoch_char`, or allow repeats with --data_order=epochs')
     assert not (workdir / 'out_epoch_long').exists()
 

@@ -178,8 +178,8 @@ if order == 'epoch' and max_iters * global_batch > train_windows:
     # 0.1% to spare (a shard's last, partial window is none), rounded up to 3 digits: 21e9 for 10,000 steps
     unit = 10 ** max(int(math.log10(needed)) - 2, 0)
     enough = math.ceil(needed * 1.001 / unit) * unit
-    more = (f"`python prepare.py --dataset=slimpajama --max_tokens={enough:_} --out_dir={data_dir}`"
-            if val_domains is not None else "more text")
+    more = (f"`python prepare.py --dataset=slimpajama --tokenizer={data_meta['tokenizer']} "
+            f"--max_tokens={enough:_} --out_dir={data_dir}`" if val_domains is not None else "more text")
     raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read "
                      f"{max_iters * global_batch:,} windows of {block_size} tokens ({needed:,} tokens), but "
                      f"the training split of {data_dir} holds {train_windows:,}, each read once "
