@@ -403,12 +403,13 @@ def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
     root = tmp_path / "SlimPajama-627B"
     slimpajama_download(root, [("train", c, i) for c in (1, 2, 10) for i in (0, 1)] +
                         [("validation", 1, 0), ("validation", 2, 0), ("test", 1, 0)], docs_per_file=70)
-    run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=4000", "--val_tokens=100000",
-                "--shard_tokens=1000", cwd=tmp_path)
-    out = tmp_path / "data" / "slimpajama_gpt2"  # the name the paper configs read, whatever --input is
+    neox_kind_tokenizer(tmp_path / "tokenizer.json")  # the paper's kind, as the paper configs read it
+    run_prepare("--dataset=slimpajama", f"--tokenizer_file={tmp_path / 'tokenizer.json'}", f"--input={root}",
+                "--max_tokens=4000", "--val_tokens=100000", "--shard_tokens=1000", cwd=tmp_path)
+    out = tmp_path / "data" / "slimpajama_neox"  # the name the paper configs read, whatever --input is
     meta = prepare.load_meta(str(out))
     assert meta["split"] == "SlimPajama's validation split (validation/)"
-    enc = prepare.gpt2_encoding()
+    enc = prepare.load_tokenizer(meta)
     places = {split: [doc.split(" ")[0]
                       for doc in enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]]
               for split in ("train", "val")}

@@ -4,8 +4,8 @@
 # summary of the latest (ACL 2025) version, whose text we could not read.
 # - Data: SlimPajama-627B sampled with fixed domain weights, CommonCrawl 0.5, C4 0.2, GitHub 0.1,
 #   Books/ArXiv/Wikipedia/StackExchange 0.05 each, ~20B tokens, one epoch (ICLR Sec. 4.1.1, Table 2; code).
-#   GPT-2 BPE here (the paper: RedPajama-INCITE's GPT-NeoX tokenizer, 50,277 tokens, which prepare.py's
-#   default data/slimpajama_neox holds). One epoch: train.py reads each 2048-token window of the sample once,
+#   Tokenized as the paper's: RedPajama-INCITE's tokenizer, GPT-NeoX-20B's BPE, 50,277 tokens (ICLR Sec.
+#   4.1.1; the code's TOKENIZER and vocab_size), in prepare.py's default data/slimpajama_neox. One epoch: train.py reads each 2048-token window of the sample once,
 #   in a seeded random order (its data_order), and refuses a run that needs more; 10,000 steps of 2,097,152
 #   tokens need 20.97B, so the sample is 21e9 tokens.
 # - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
@@ -25,7 +25,7 @@
 #   every validation window, which the paper reports (ICLR A.6; the code's max_eval_samples=None). ICLR
 #   A.6 Table 5's "Avg." is that mean: 82M Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 +
 #   2.1779) / 7 = 2.7389.
-# Prepare the data first: python prepare.py --dataset=slimpajama --tokenizer=gpt2 --max_tokens=21e9   (needs `pip
+# Prepare the data first: python prepare.py --dataset=slimpajama   (21e9 tokens of the paper's tokenizer; needs `pip
 # install datasets` and the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders):
 # add --input=DIR
 # Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward
@@ -34,7 +34,7 @@
 # come 16 bytes per parameter (fp32 weights, fp32 gradients, which DDP's buckets hold as views, AdamW's two moments)
 # and the fp32 gradient of the logits, then up to a third more for what that count misses (it gives 45 GB for the 82M model at
 # 32 x 2048, where the eager peak was found at 55-60 GB). torch.compile, on by default on CUDA, needs less (82M: 25-40 GB).
-dataset = 'slimpajama_gpt2'
+dataset = 'slimpajama_neox'
 block_size = 2048
 batch_size = 32  # x gradient_accumulation_steps = the global batch of 1024 sequences, on any number of ranks
 gradient_accumulation_steps = 32  # 1024 sequences = 8 GPUs x 128 each, in micro-batches of micro_batch_size

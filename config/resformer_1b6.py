@@ -5,7 +5,7 @@
 # Data: 20B tokens (10,000 steps of 2M, paper_recipe.py's recipe) by default, comparable with the other sizes;
 # the second-hand 200B is the second pair of runs (100,000 steps), and may not even have been SlimPajama. Each
 # reads its sample once (train.py's data_order), so the 200B runs have a folder of their own, made first with
-#   python prepare.py --dataset=slimpajama --tokenizer=gpt2 --max_tokens=210e9 --out_dir=data/slimpajama_200b
+#   python prepare.py --dataset=slimpajama --max_tokens=210e9 --out_dir=data/slimpajama_200b
 # val_loss is the mean over the 7 SlimPajama domains' own validation losses. Paper: no loss published. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --out_dir=out/scale_vanilla_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
