@@ -387,8 +387,8 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
             nonfinite.observe(iter_num, train_loss, grad_norm, scaler, check=logging_now)
             scaler.step(optimizer)
             scaler.update()
-            # zeroed, not freed: under DDP the gradients stay views into its buckets (gradient_as_bucket_view);
-            # freed, each step's first backward would allocate a second copy, for DDP to copy in at the sync
+            # zeroed, not freed: under DDP the gradients stay views of its buckets (gradient_as_bucket_view);
+            # freed, each step's first backward would allocate a second copy for DDP to copy in at the sync
             optimizer.zero_grad(set_to_none=not ddp)
             iter_num += 1
             if iter_num == first_step + 1 and device_type == 'cuda':
