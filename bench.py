@@ -9,6 +9,7 @@ one process and they take turns, round by round, so noise from the machine hits 
     python bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
     python bench.py --compile=True --dtype=bfloat16
     python bench.py --smoke                      # seconds: tiny counts that check every section runs
+    python bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
     python bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
@@ -63,6 +64,7 @@ compile = False  # torch.compile every training model (ours and the references)
 seed = 1337  # model weights, batches and prompts, alike for every contender
 out = 'bench.json'  # the report as JSON, with every per-round timing
 smoke = False  # 1 round of tiny counts, no train.py loop: checks that every section runs, in seconds
+logits_cost = False  # instead of the benchmark: a compiled step returning the logits vs the loss alone
 # --node_check: instead of the benchmark, check a fresh GPU node before a long job (docs/training.md)
 node_check = False  # run node_config under torchrun on synthetic tokens: speed, MFU, memory, exact resume
 node_config = 'config/resformer_82m.py'  # the config whose model, batch and dtype the node check trains
@@ -71,7 +73,7 @@ node_iters = 10  # steps of the straight run; a second run stops halfway, resume
 train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = [arg + '=True' if arg in ('--smoke', '--node_check') else arg
+argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost') else arg
         for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
@@ -412,6 +414,11 @@ def summary(values):
             'ci95': (medians[50], medians[1949])}
 
 
+def table(header, rows):
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+    return '\n'.join(lines + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows])
+
+
 class Trainer:
     """One contender's model, optimizer and batches; step() is the bare training step of train.py, without its
     data loading, logging or checks: forward, backward, clipping and the AdamW update."""
@@ -454,6 +461,86 @@ def available_bytes():
         return torch.cuda.mem_get_info()[0]
     return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
 
+
+# ------------------------------------------------------------------- training steps in a fresh process
+# For peak memory: on CUDA, torch's max_memory_allocated; on a CPU, the peak resident set (VmHWM, Linux) over
+# what the process held after `import torch`, its high-water mark reset there. step_s: the median step after
+# the first two (allocator, optimizer state, compiling). logits: the forward as it was before it returned
+# the loss alone given targets, the logits returned beside it (--logits_cost).
+TRAIN_CHILD = """
+import json, statistics, sys, time, torch
+import torch.nn.functional as F
+from model import GPT, GPTConfig
+variant, dims, B, T, device, dtype, compiled, logits, steps = json.loads(sys.argv[1])
+def status(field):  # kB
+    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+open('/proc/self/clear_refs', 'w').write('5')  # reset VmHWM to the current resident set
+base = status('VmRSS:')
+torch.manual_seed(0)
+model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
+optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
+def with_logits(x, y):
+    out = model(x)[0]
+    return out, F.cross_entropy(out.float().view(-1, out.size(-1)), y.reshape(-1), ignore_index=-1)
+forward = with_logits if logits else model
+forward = torch.compile(forward) if compiled else forward
+x = torch.randint(dims['vocab_size'], (B, T + 1), device=device)
+times = []
+for _ in range(steps):
+    start = time.perf_counter()
+    with torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype), enabled=dtype != 'float32'):
+        loss = forward(x[:, :-1], x[:, 1:])[1]
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    times.append(time.perf_counter() - start)
+print(json.dumps({'rss_mb': status('VmHWM:') / 1024, 'rss_growth_mb': (status('VmHWM:') - base) / 1024,
+                  'cuda_mb': torch.cuda.max_memory_allocated() / 2**20 if device.startswith('cuda') else None,
+                  'step_s': statistics.median(times[2:] or times)}))
+"""
+
+
+def train_child(what, variant, compiled=False, logits=False, steps=3, env=None):
+    """TRAIN_CHILD's measurements, as a dict, of `steps` training steps of variant at the shape set."""
+    run = subprocess.run([sys.executable, '-c', TRAIN_CHILD,
+                          json.dumps([variant, dims, B, T, device, dtype, compiled, logits, steps])],
+                         cwd=HERE, capture_output=True, text=True, env=env)
+    if run.returncode:
+        raise SystemExit(f"bench.py: measuring {what} failed: "
+                         f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def compare_logits_cost():
+    """A compiled training step at the shape set that returns the logits beside the loss, against one that
+    returns the loss alone: step time and peak memory, one thread, the two taking turns in fresh processes."""
+    if not os.path.exists('/proc/self/clear_refs'):
+        raise SystemExit("bench.py: --logits_cost reads the peak resident set from Linux's /proc")
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    runs = {True: [], False: []}
+    for r in tqdm(range(rounds), desc='logits cost', dynamic_ncols=True):
+        for logits in (True, False)[::1 - 2 * (r % 2)]:
+            runs[logits].append(train_child(f"the step with logits={logits}", 'resformer_identity', True,
+                                            logits, warmup + steps, env))
+    key = 'cuda_mb' if device_type == 'cuda' else 'rss_growth_mb'
+    ratios = {k: summary([a[k] / b[k] for a, b in zip(runs[False], runs[True])]) for k in ('step_s', key)}
+    print(f"## Compiled training step, resformer_identity at shape {shape} (L={L}, d={d}, vocab={V}), "
+          f"batch {B} x T {T}, {device} ({dtype}), one thread; loss alone against logits returned too, "
+          f"{rounds} rounds\n")
+    print(table(['returns', 'ms/step (median)', f'peak {key} (median)'],
+                [[name, f"{1e3 * statistics.median(r['step_s'] for r in runs[logits]):.1f}",
+                  f"{statistics.median(r[key] for r in runs[logits]):.1f}"]
+                 for name, logits in (('logits and loss', True), ('loss alone', False))]))
+    for k, s in ratios.items():
+        print(f"- {k}, loss alone / logits too: median {s['median']:.3f} (95% CI {s['ci95'][0]:.3f}-"
+              f"{s['ci95'][1]:.3f}; range {s['min']:.3f}-{s['max']:.3f})")
+
+
+if logits_cost:
+    compare_logits_cost()
+    raise SystemExit(0)
 
 # --------------------------------------------------------------------------- 1. training step, FLOP/s
 progress = tqdm(desc='bench', total=0, dynamic_ncols=True, mininterval=1.0)
@@ -642,29 +729,7 @@ for kv_shape in ('82m', '468m'):
                               'matches': Fraction(nbytes, vanilla_bytes) == expected})
 
 # --------------------------------------------------------------------------- 5. peak memory
-# Each preset trains for a few steps in a fresh process: on CUDA, torch's max_memory_allocated; on a CPU, the
-# peak resident set (VmHWM, Linux) over what the process held after `import torch`, its high-water mark reset
-# there.
-MEMORY_CHILD = """
-import json, sys, torch
-from model import GPT, GPTConfig
-variant, dims, B, T, device, dtype = json.loads(sys.argv[1])
-def status(field):  # kB
-    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
-open('/proc/self/clear_refs', 'w').write('5')  # reset VmHWM to the current resident set
-base = status('VmRSS:')
-model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
-optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
-x = torch.randint(dims['vocab_size'], (B, T + 1), device=device)
-for _ in range(3):
-    with torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype), enabled=dtype != 'float32'):
-        loss = model(x[:, :-1], x[:, 1:])[1]
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-print(json.dumps({'rss_mb': status('VmHWM:') / 1024, 'rss_growth_mb': (status('VmHWM:') - base) / 1024,
-                  'cuda_mb': torch.cuda.max_memory_allocated() / 2**20 if device.startswith('cuda') else None}))
-"""
+# Each preset trains for a few steps in a fresh process (train_child).
 results['memory'] = []
 if memory and not os.path.exists('/proc/self/clear_refs'):
     notes.append("memory skipped: the peak resident set is read from Linux's /proc")
@@ -673,13 +738,9 @@ elif memory:
     progress.total += len(memory_names)
     for name in memory_names:
         progress.set_description(f'memory {name}')
-        run = subprocess.run([sys.executable, '-c', MEMORY_CHILD,
-                              json.dumps([name, dims, B, T, device, dtype])],
-                             cwd=HERE, capture_output=True, text=True)
-        if run.returncode:
-            raise SystemExit(f"bench.py: measuring the memory of {name} failed: "
-                             f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
-        results['memory'].append({'variant': name} | json.loads(run.stdout.strip().splitlines()[-1]))
+        measured = train_child(f"the memory of {name}", name)
+        results['memory'].append({'variant': name} | {k: measured[k] for k in ('rss_mb', 'rss_growth_mb',
+                                                                                'cuda_mb')})
         progress.update(1)
     if smoke:
         notes.append("memory: vanilla only (--smoke)")
@@ -689,11 +750,6 @@ progress.close()
 results['notes'] = notes
 
 # --------------------------------------------------------------------------- report
-
-
-def table(header, rows):
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows])
 
 
 def si(x, unit):

@@ -247,8 +247,9 @@ def test_every_variant_trains_and_every_parameter_gets_a_gradient(case):
     torch.manual_seed(0)
     model = GPT(tiny_config(**ALL_CASES[case]))
     idx = random_tokens(model, T=16)
+    assert model(idx)[0].shape == (2, 16, model.config.vocab_size)
     logits, loss = model(idx, targets=idx.roll(-1, dims=1))
-    assert logits.shape == (2, 16, model.config.vocab_size)
+    assert logits is None  # given targets, the loss alone
     assert torch.isfinite(loss) and abs(loss.item() - math.log(64)) < 1.0  # near-uniform at init
     loss.backward()
     for name, p in trainable(model):

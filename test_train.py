@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import weakref
 from dataclasses import fields
 from pathlib import Path
 
@@ -137,31 +136,23 @@ def test_the_cost_estimate_changes_nothing(workdir):
     assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
 
 
-def test_a_micro_step_leaves_no_logits_behind(workdir, monkeypatch):
-    """Nothing holds a forward pass's logits (B x T x vocab: 6.6 GB at 82M) once its loss is taken: not at the
-    next forward pass, training's or evaluation's, nor at the update. Each pass's inputs and targets are two
-    views of one block of windows, copied to the device once."""
-    forward, clip = GPT.forward, torch.nn.utils.clip_grad_norm_
-    last_logits, held, one_block = [lambda: None], [], []
+def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
+    """Every forward pass train.py makes, training's or evaluation's, returns its loss and no logits (B x T x
+    vocab: 6.6 GB at 82M), so none is held past it. Each pass's inputs and targets are two views of one block
+    of windows, copied to the device once."""
+    forward, returned, one_block = GPT.forward, [], []
 
     def watched_forward(model, idx, targets=None, **kwargs):
-        held.append(last_logits[0]() is not None)
         one_block.append(idx.untyped_storage().data_ptr() == targets.untyped_storage().data_ptr())
         logits, loss = forward(model, idx, targets, **kwargs)
-        last_logits[0] = weakref.ref(logits)
+        returned.append((logits, loss.shape))
         return logits, loss
 
-    def watched_clip(*args, **kwargs):
-        held.append(last_logits[0]() is not None)
-        return clip(*args, **kwargs)
-
     monkeypatch.setattr(GPT, 'forward', watched_forward)
-    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', watched_clip)
     train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
     monkeypatch.undo()
-    # the cost estimate's 2 passes, 4 evaluation passes at
-    # step 0, 3 steps of 2 passes and an update, 4 at step 3
-    assert len(held) == 2 + 4 + 3 * (2 + 1) + 4 and not any(held)
+    # the cost estimate's 2 passes, 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
+    assert returned == [(None, ())] * (2 + 4 + 3 * 2 + 4)
     assert all(one_block)
 
 
@@ -888,17 +879,32 @@ def test_mfu_is_per_gpu(workdir):
     assert all(one[s] == pytest.approx(8 * 32, rel=1e-6) and two[s] == pytest.approx(2 * one[s]) for s in one)
 
 
+COUNTED_COMPILES = """import os, runpy, sys
+import torch
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+compiles, compile = [], torch.compile
+torch.compile = lambda *args, **kwargs: compiles.append(args) or compile(*args, **kwargs)
+runpy.run_path(sys.argv[0], run_name='__main__')
+print(f"rank {os.environ['RANK']}: torch.compile called {len(compiles)} time(s)")
+"""
+
+
 def test_compiled_ddp_matches_one_compiled_process(workdir):
-    """--compile=True: torchrun with 2 ranks (the DDP-wrapped model compiled, DDPOptimizer cutting its graph
-    at the gradient buckets) logs the losses of one compiled process, and that process compiles evaluation for
-    no batch size of its own (torch's log of recompilations names no size)."""
+    """--compile=True: torchrun with 2 ranks (the DDP-wrapped model compiled, once, for training and
+    evaluation, DDPOptimizer cutting its graph at the gradient buckets) logs the losses of one compiled
+    process, and that process compiles evaluation for no batch size of its own (torch's log of recompilations
+    names no size)."""
+    script = workdir / 'counted_compiles.py'
+    script.write_text(COUNTED_COMPILES)
     common = [*TINY, '--compile=True', '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3',
               '--micro_batch_size=4']
     single = run([REPO / 'train.py', *common, '--out_dir=out_compiled_one'], workdir,
                  env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_LOGS='recompiles'))
     assert 'Recompiling' in single.stderr and 'size mismatch' not in single.stderr, single.stderr[-3000:]
-    result = torchrun(workdir, *common, '--out_dir=out_compiled_two')
+    result = torchrun(workdir, *common, '--out_dir=out_compiled_two', script=(script, REPO / 'train.py'))
     assert 'weights across 2 ranks differ by at most 0' in result.stdout
+    assert all(f'rank {rank}: torch.compile called 1 time(s)' in result.stdout for rank in (0, 1))
     one, two = (log(workdir, out, 'train_loss') for out in ('out_compiled_one', 'out_compiled_two'))
     assert list(one) == list(two) == [1, 2, 3]
     assert all(abs(one[s] - two[s]) < 1e-5 for s in one), (one, two)
@@ -1020,3 +1026,83 @@ def test_without_fcntl_as_on_windows(tmp_path):
         holder.communicate('\n')  # it lets go
     run([REPO / 'train.py', *TINY, '--max_iters=2', '--device=cpu', '--out_dir=out'], tmp_path, env=env)
     assert [r['step'] for r in records(tmp_path, 'out') if 'val_loss' in r] == [0, 2]
+
+
+GRAD_VIEWS = """import json, os, runpy, sys
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import model
+buckets, seen, updates = set(), [], 0
+def count_update(optimizer, args, kwargs):
+    global updates
+    updates += 1
+register_optimizer_step_post_hook(count_update)
+def noting_hook(state, bucket):  # DDP's own all-reduce, noting where each bucket lives
+    buckets.add(bucket.buffer().untyped_storage().data_ptr())
+    return allreduce_hook(state, bucket)
+ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+def init(self, *args, **kwargs):
+    ddp_init(self, *args, **kwargs)
+    self.register_comm_hook(None, noting_hook)
+torch.nn.parallel.DistributedDataParallel.__init__ = init
+forward = model.GPT.forward
+def watched(self, *args, **kwargs):  # after the first update: is every gradient a view into a bucket?
+    if updates:
+        seen.append(all(p.grad is not None and p.grad.untyped_storage().data_ptr() in buckets
+                        for p in self.parameters() if p.requires_grad))
+    return forward(self, *args, **kwargs)
+model.GPT.forward = watched
+runpy.run_path(sys.argv[0], run_name='__main__')
+print(f"rank {os.environ['RANK']}: views at {sum(seen)} of {len(seen)} forward passes after step 1")
+"""
+
+
+def test_ddp_gradients_stay_views_into_its_buckets(workdir):
+    """Under DDP (gradient_as_bucket_view), from the first update on, every parameter's gradient lives in one
+    of DDP's buckets at every forward pass, micro-steps without a sync included: zeroed, never freed, so no
+    step allocates a second copy of the gradients for DDP to copy in."""
+    script = workdir / 'grad_views.py'
+    script.write_text(GRAD_VIEWS)
+    result = torchrun(workdir, *TINY, '--max_iters=3', '--eval_interval=3', '--micro_batch_size=2',
+                      '--out_dir=out_views', script=(script, REPO / 'train.py'))
+    # steps 2 and 3: 2 micro-steps of 2 sequences a rank; at step 3, 8 validation windows a rank
+    for rank in (0, 1):
+        assert f'rank {rank}: views at 8 of 8 forward passes after step 1' in result.stdout, result.stdout
+
+
+def test_the_compiled_training_step_makes_no_logits_gradient():
+    """Compiled, a training forward given targets returns its loss alone, so the backward graph takes no
+    B x T x vocab gradient of the logits: only the loss's. Returning the logits too would add one."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    tangents = []
+
+    def backward_compiler(graph, _):
+        tangents.append([tuple(node.meta['val'].shape) for node in graph.graph.nodes
+                         if node.op == 'placeholder' and node.name.startswith('tangents')])
+        return make_boxed_func(graph)
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    x, y = torch.randint(64, (2, 16)), torch.randint(64, (2, 16))
+    backend = aot_autograd(fw_compiler=lambda graph, _: make_boxed_func(graph), bw_compiler=backward_compiler)
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(x, y)[1].backward()
+    with_logits = torch.compile(lambda x, y: (model(x)[0], model(x, y)[1]), backend=backend)
+    with_logits(x, y)[1].backward()
+    assert tangents == [[()], [(2, 16, 64), ()]], tangents
+
+
+def test_the_checkpoint_a_run_starts_from_is_not_written_again(workdir, monkeypatch):
+    """The evaluation at a run's first step (step 0, or the step resumed from) writes no checkpoint: at 1.6B
+    one is about 20 GB, of weights just initialized or just loaded."""
+    saved, save = [], train_support.RunFolder.save
+    monkeypatch.setattr(train_support.RunFolder, 'save', lambda run, checkpoint, best: (
+        saved.append(checkpoint['iter_num']), save(run, checkpoint, best)))
+    train(workdir, '--out_dir=out_no_step_0', '--max_iters=2', '--eval_interval=1')
+    train(workdir, '--out_dir=out_no_step_0', '--max_iters=3', '--eval_interval=1', '--init_from=resume')
+    assert saved == [1, 2, 3]
+    assert [r['step'] for r in records(workdir, 'out_no_step_0') if 'val_loss' in r] == [0, 1, 2, 3]

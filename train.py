@@ -137,6 +137,8 @@ device = pick_device(device, None if eval_only else train_support.needs_gpu(mode
 if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+if device_type == 'cuda':  # before anything touches CUDA, or every rank's context opens on GPU 0 as well
+    torch.cuda.set_device(device)
 ptdtype = pick_dtype(dtype, device_type)
 run = train_support.RunFolder(out_dir, writes=master_process and not eval_only, wandb=wandb)
 if not eval_only:  # the only run that writes nothing
@@ -300,21 +302,19 @@ if run.writes:
 if ddp:
     init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
 signals = train_support.StopSignals(ddp, ddp_rank, device_type)  # Ctrl-C, SIGTERM
-if ddp and device_type == 'cuda':
-    torch.cuda.set_device(device)
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 autocast = (nullcontext() if ptdtype == 'float32'
             else torch.autocast(device_type, dtype=getattr(torch, ptdtype)))
 compiled = device_type == 'cuda' if compile is None else compile
-fast_model = torch.compile(raw_model) if compiled else raw_model  # evaluation's, and one process's training
-model = fast_model  # what the training step calls
-# compile DDP, not the reverse: DDPOptimizer splits the graph at DDP's buckets, to overlap all-reduces
+model = raw_model
 if ddp:
-    ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
-                    **train_support.ddp_options(raw_model))
-    model = torch.compile(ddp_model) if compiled else ddp_model
+    model = ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
+                            **train_support.ddp_options(raw_model))
+# compiled once, for training and evaluation alike; DDP compiled, not the reverse: DDPOptimizer splits the
+# graph at DDP's buckets, to overlap all-reduces (under no_grad, evaluation's forward syncs nothing)
+fast_model = model = torch.compile(model) if compiled else model
 if master_process:
     print(f"{ddp_world_size} rank(s) on {device} ({ptdtype}); {tokens_per_iter:,} tokens per step = "
           f"{global_batch} sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up to "
@@ -423,7 +423,7 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                     last_eval['val_loss_domains'] = domain_losses
                 last_eval.update(full)
                 run.log(last_eval)
-                if master_process:
+                if master_process and iter_num > first_step:  # the checkpoint it started from, unchanged
                     run.save(checkpoint(), best)
                 signals.wait_for_rank_0()
             say(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f}){said}")
@@ -461,7 +461,9 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
             nonfinite.observe(iter_num, train_loss, grad_norm, scaler, check=logging_now)
             scaler.step(optimizer)
             scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            # zeroed, not freed: under DDP the gradients stay views of its buckets (gradient_as_bucket_view);
+            # freed, each step's first backward would allocate a second copy for DDP to copy in at the sync
+            optimizer.zero_grad(set_to_none=not ddp)
             iter_num += 1
             if iter_num == first_step + 1 and device_type == 'cuda':
                 say(f"peak GPU memory: {torch.cuda.max_memory_allocated(device) / 2 ** 30:.1f} GiB")

@@ -325,7 +325,7 @@ def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, c
     first_step, max_iters, eval_interval = schedule
     began = time.time()
     step = seconds_of(micro_batch, compiled, cuda) * micro_batches
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
     model.eval()
     batch = seconds_of(torch.no_grad()(eval_batch), compiled, cuda) if eval_batches else 0
     evaluation = batch * eval_batches
