@@ -132,6 +132,7 @@ if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 ptdtype = pick_dtype(dtype, device_type)
+train_support.check_model_fits(model_config, device, training=not eval_only)
 run = train_support.RunFolder(out_dir, writes=master_process and not eval_only, wandb=wandb)
 if not eval_only:  # the only run that writes nothing
     run.check_can_start(init_from, overwrite)
