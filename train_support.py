@@ -349,38 +349,49 @@ def link_or_copy(source, target):
 # ------------------------------------------------------------------------------------------------------------
 # during the run
 
+TIMED_PASSES = 3  # the training micro-batches the estimate times, after one untimed one (two if compiled)
+
+
 def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, cuda, schedule,
                   tokens_per_step, say):
-    """Say what the run will cost before any long work, from one micro_batch() (a training forward and
-    backward, whose gradients are then dropped: no update, and every step seeds its own randomness, so the run
-    is unchanged) and one eval_batch(), timed on every rank. counts: this rank's (micro-batches a step,
-    evaluation batches); schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print."""
+    """Say what the run will cost before any long work, from micro_batch() (a training forward and backward,
+    whose gradients are then dropped: no update, and every step seeds its own randomness, so the run is
+    unchanged) and eval_batch(), timed on every rank. The first calls pay for allocation, kernel selection
+    and any compiling, and come out up to 1.6x slower than the steps that follow: they are not timed, and the
+    step's range over TIMED_PASSES timed calls is said. counts: this rank's (micro-batches a step, evaluation
+    batches); schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print."""
     micro_batches, eval_batches = counts
     first_step, max_iters, eval_interval = schedule
-    began = time.time()
-    step = seconds_of(micro_batch, compiled, cuda) * micro_batches
+    warming, times = seconds_of(micro_batch, 1 + compiled, TIMED_PASSES, cuda)
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    evaluation = seconds_of(torch.no_grad()(eval_batch), compiled, cuda) * eval_batches if eval_batches else 0
+    eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) if eval_batches \
+        else (0, [0])  # a rank with no share of the validation windows
     model.train()
-    compiling = f"; compiling took {duration(time.time() - began - step - evaluation)}" if compiled else ""
+    steps = [t * micro_batches for t in times]
+    step, evaluation = sum(steps) / len(steps), eval_times[0] * eval_batches
+    compiling = warming + eval_warming - (1 + compiled) * times[0] - compiled * eval_times[0]
+    compiling = f"; compiling took {duration(compiling)}" if compiled else ""
     first_eval = -(-first_step // eval_interval) * eval_interval
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
-    steps = max_iters - first_step
-    say(f"about {duration(step)} a step ({tokens_per_step / step:,.0f} tokens/s): "
-        f"{duration(step * steps)} for the {steps} steps to go, "
-        f"plus {duration(evaluation * evaluations)} for {evaluations} evaluations{compiling}")
+    to_go = max_iters - first_step
+    say(f"about {duration(step)} a step ({duration(min(steps))} to {duration(max(steps))} over "
+        f"{len(steps)} timed ones; {tokens_per_step / step:,.0f} tokens/s): {duration(step * to_go)} for the "
+        f"{to_go} steps to go, plus {duration(evaluation * evaluations)} for {evaluations} "
+        f"evaluations{compiling}")
 
 
-def seconds_of(work, compiled, cuda):
-    """Seconds one call of work() takes, waiting for the device; when compiled, the second call's (the first
-    one compiles)."""
-    for _ in range(1 + compiled):
+def seconds_of(work, untimed, timed, cuda):
+    """(seconds of untimed calls of work(), [seconds of each of the timed calls that follow]), waiting for
+    the device after each."""
+    seconds = []
+    for _ in range(untimed + timed):
         start = time.time()
         work()
         if cuda:
             torch.cuda.synchronize()
-    return time.time() - start
+        seconds.append(time.time() - start)
+    return sum(seconds[:untimed]), seconds[untimed:]
 
 
 def duration(seconds):
