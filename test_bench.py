@@ -211,7 +211,7 @@ def test_estimate_check_tables_train_pys_estimate_against_its_measured_steps(tmp
     (tmp_path / 'tiny.txt').write_text('\n'.join(lines))
     subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input=tiny.txt',
                     '--out_dir=data/tiny_char'], cwd=tmp_path, check=True, capture_output=True)
-    tiny = ('--dataset=tiny_char --n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 '
+    tiny = ('--dataset=tiny_char --n_layer=2 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 '
             '--eval_iters=1 --warmup_iters=2')
     run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--estimate_check', '--device=cpu',
                           "--estimate_configs=('',)", '--estimate_iters=20', f'--train_args={tiny}'],
