@@ -11,6 +11,7 @@ one process and they take turns, round by round, so noise from the machine hits 
     python bench.py --smoke                      # seconds: tiny counts that check every section runs
     python bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
     python bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
+    python bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
 per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
@@ -71,9 +72,13 @@ node_config = 'config/resformer_82m.py'  # the config whose model, batch and dty
 nproc = 0  # ranks torchrun starts, one per GPU; 0 = every GPU here
 node_iters = 10  # steps of the straight run; a second run stops halfway, resumes, and must end the same
 train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
+# --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
+estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
+estimate_configs = ('', 'config/shakespeare_char.py', 'config/small_svformer.py')  # '' = train.py's defaults
+estimate_iters = 100  # steps a run; the measured mean leaves out the first 10 (the first log record)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost') else arg
+argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost', '--estimate_check') else arg
         for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
@@ -251,6 +256,41 @@ def check_node():
 
 if node_check:
     check_node()
+    raise SystemExit(0)
+
+
+# ------------------------------------------------------------------------- estimate check (--estimate_check)
+def seconds(number, unit):
+    """train_support.duration's text back in seconds: '0.25', 's' -> 0.25."""
+    return float(number) * {'s': 1, 'min': 60, 'h': 3600}[unit]
+
+
+def estimate_against_steps(config_file):
+    """(estimated, measured) seconds a step of train.py with config_file ('' for its defaults): its start-up
+    estimate, and the mean of its logged steps after the first log record (the first steps pay warm-up)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        command = [sys.executable, os.path.join(HERE, 'train.py'), *([config_file] if config_file else []),
+                   f'--device={device}', f'--dtype={dtype}', f'--max_iters={estimate_iters}',
+                   f'--eval_interval={estimate_iters}', '--log_interval=10', f'--out_dir={out_dir}',
+                   *shlex.split(train_args)]
+        run = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(f"bench.py: estimate check: `{shlex.join(command[1:])}` failed: "
+                             f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
+        estimated = re.search(r'^about ([\d.]+) (s|min|h) a step', run.stdout, re.M)
+        tokens = int(re.search(r'([\d,]+) tokens per step', run.stdout)[1].replace(',', ''))
+        steps = [r for r in log_records(out_dir) if 'tokens_per_sec' in r][1:]
+    if not steps:
+        raise SystemExit(f"bench.py: estimate_iters={estimate_iters}; use 20 or more (2 log records of 10)")
+    return seconds(*estimated.groups()), statistics.mean(tokens / r['tokens_per_sec'] for r in steps)
+
+
+if estimate_check:
+    print("| config | estimated s/step | measured s/step | estimated / measured |\n|---|---|---|---|")
+    for config_file in estimate_configs:
+        estimated, measured = estimate_against_steps(config_file)
+        print(f"| {config_file or 'defaults'} | {estimated:.3g} | {measured:.3g} | "
+              f"{estimated / measured:.2f} |", flush=True)
     raise SystemExit(0)
 
 # model shape, then (batch, T) on a CPU and on a GPU; 'small'

@@ -33,6 +33,8 @@ import tokenize
 import traceback
 import types as pytypes
 
+import support
+
 LITERAL_TYPES = (bool, int, float, str, tuple, list, type(None))
 
 
@@ -131,6 +133,7 @@ def _describe(kind, nullable=False):
 
 def _read_config_file(path):
     """Run a config file; return its top-level names that are not private."""
+    support.refuse_pipe(path, "config error: config file", "save the config as a file")
     try:
         with open(path, encoding='utf-8') as f:
             source = f.read()

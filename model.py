@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import support
+
 
 @dataclass
 class GPTConfig:
@@ -873,6 +875,7 @@ def check_flags(cfg, need):
 
 def load_checkpoint(path, device='cpu'):
     """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line."""
+    support.refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
     try:
         # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
         # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
@@ -880,6 +883,9 @@ def load_checkpoint(path, device='cpu'):
         checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
     except FileNotFoundError:
         raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
+    except OSError as e:  # a folder or file without read permission, an I/O error
+        raise SystemExit(f"checkpoint {path} is unreadable ({(e.strerror or str(e)).lower()}); check its "
+                         f"permissions or point to another checkpoint") from None
     except Exception:  # truncated, or not written by torch.save
         # never retry with weights_only=False: it runs code
         raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "

@@ -739,6 +739,7 @@ def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
         raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
+    support.refuse_pipe(path, "prepare.py:", f"run `{prepare_command(data_dir)}` again")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)

@@ -10,14 +10,15 @@ The sample text alone goes to stdout (one sample streams as it is generated; sev
 batch and printed one after another). The settings overridden, the speed and the size of the KV cache,
 next to what a vanilla Transformer of the same shape would need, go to stderr.
 """
+import math
 import os
-import stat
 import sys
 import time
 from contextlib import nullcontext
 
 import torch
 
+import support
 from configurator import configure
 from model import load_checkpoint, pick_device, pick_dtype
 from prepare import load_tokenizer
@@ -46,9 +47,8 @@ if num_samples < 1:
     raise SystemExit(f"sample.py: num_samples={num_samples}; draw at least 1 sample")
 if max_new_tokens < 1:
     raise SystemExit(f"sample.py: max_new_tokens={max_new_tokens}; generate at least 1 token")
-if temperature < 0:
-    raise SystemExit(f"sample.py: temperature={temperature} is negative; use 0 for greedy "
-                     f"or a positive value")
+if not 0 <= temperature < math.inf:
+    raise SystemExit(f"sample.py: temperature={temperature}; use 0 for greedy or a positive finite value")
 if 0 < temperature < 1e-6:  # dividing the logits by it overflows float32 from about 1e-37 on
     raise SystemExit(f"sample.py: temperature={temperature} is too small to divide the logits by; "
                      "use 0 for greedy decoding, which is what it amounts to, or at least 1e-6")
@@ -79,11 +79,8 @@ tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's token
 # the prompt
 if start.startswith('FILE:'):
     try:
-        # as in prepare.py, pipes and devices are not read: opening a pipe that has no writer never returns
-        if not stat.S_ISREG(os.stat(start[5:]).st_mode):
-            raise SystemExit(f"sample.py: the prompt file {start[5:]} is not a regular file (a pipe or "
-                             f"device may wait forever for a writer); save the prompt to a file, or pass "
-                             f"--start=TEXT")
+        support.refuse_pipe(start[5:], "sample.py: the prompt file", "save the prompt to a file, or pass "
+                            "--start=TEXT")
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
     except OSError as e:
@@ -105,6 +102,13 @@ if len(start_ids) > config.block_size:
     raise SystemExit(f"sample.py: the prompt is {len(start_ids)} tokens, longer than the model's "
                      f"block_size of {config.block_size}; shorten it")
 prompt_text = tokenizer.decode(start_ids)
+# the batch's memory, a lower bound checked before it is made: each sample's token ids (8 bytes each), its KV
+# cache (up to block_size positions) and one step's logits (fp32)
+length = len(start_ids) + max_new_tokens
+cache = min(length, config.block_size) * model.kv_bytes_per_token(4 if dtype == 'float32' else 2) * use_cache
+support.check_fits(num_samples * (8 * length + cache + 4 * config.vocab_size), device,
+                   f"sample.py: num_samples={num_samples} samples of {len(start_ids)} + {max_new_tokens} "
+                   f"tokens", "draw fewer samples at a time (num_samples) or fewer tokens (max_new_tokens)")
 x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)
 
 

@@ -1,11 +1,13 @@
 """
 Machinery the scripts share, the same on Linux, macOS and Windows: a lock that keeps one writer per folder,
-argparse that reports a bad argument in one line, and the GPUs' peak FLOP/s that MFU compares against.
+argparse that reports a bad argument in one line, the rule that no script opens a pipe to read it whole, the
+check that a job fits in its device's memory, and the GPUs' peak FLOP/s that MFU compares against.
 """
 import argparse
 import contextlib
 import errno
 import os
+import stat
 
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
 
@@ -109,3 +111,40 @@ def hold(path, script, refusal):
     if held is None:
         raise SystemExit(f"{script}: {refusal(other)}")
     return held
+
+
+def refuse_pipe(path, what, fix):
+    """End the script with one line "{what} {path} is not a regular file ...; {fix}" if path is a pipe,
+    socket or device: opening one to read waits for a writer, perhaps forever. The one rule for every file a
+    script reads whole (config files, checkpoints, meta.json, a prompt), called before opening it; a path
+    that is missing, a folder or unreadable is left to the open() that follows, which says which."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise SystemExit(f"{what} {path} is not a regular file (a pipe or device may wait forever for a "
+                         f"writer); {fix}")
+
+
+def memory_bytes(device):
+    """The memory a job on device may use: a CUDA GPU's free memory, else the machine's RAM (an MPS GPU
+    shares it); None where the OS does not say (Windows has no os.sysconf)."""
+    if device.startswith('cuda'):
+        import torch  # only the scripts that train or sample get here, and they have imported it already
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits(needed, device, what, fix):
+    """End the script with one line if needed bytes (a lower bound, computed from the settings before
+    anything is allocated) exceed device's memory: "{what} needs at least N GB: it does not fit in the M GB
+    ...; {fix}"."""
+    have = memory_bytes(device)
+    if have is not None and needed > have:
+        kind = 'free on' if device.startswith('cuda') else 'of RAM for'
+        raise SystemExit(f"{what} needs at least {needed / 1e9:,.3g} GB: it does not fit in the "
+                         f"{have / 1e9:,.3g} GB {kind} {device}; {fix}")

@@ -202,3 +202,24 @@ def test_node_check_settings_it_cannot_run_exit_with_one_line_before_any_run(tmp
                           *args], cwd=tmp_path, capture_output=True, text=True)
     assert (run.returncode, run.stdout, run.stderr.splitlines()[-1]) == (1, '', message)
     assert os.listdir(tmp_path) == []  # no data written, no run started
+
+
+def test_estimate_check_tables_train_pys_estimate_against_its_measured_steps(tmp_path):
+    """The plumbing on one tiny run: the estimate parsed from train.py's output, the measured mean from its
+    log. No number is checked: a loaded machine makes them anything."""
+    lines = (f'line {i}: value residual first layer.' for i in range(2000))
+    (tmp_path / 'tiny.txt').write_text('\n'.join(lines))
+    subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input=tiny.txt',
+                    '--out_dir=data/tiny_char'], cwd=tmp_path, check=True, capture_output=True)
+    tiny = ('--dataset=tiny_char --n_layer=2 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 '
+            '--eval_iters=1 --warmup_iters=2')
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--estimate_check', '--device=cpu',
+                          "--estimate_configs=('',)", '--estimate_iters=20', f'--train_args={tiny}'],
+                         cwd=tmp_path, capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert run.returncode == 0, run.stderr
+    header, rule, row = run.stdout.splitlines()
+    assert header == '| config | estimated s/step | measured s/step | estimated / measured |'
+    name, estimated, measured, ratio = (cell.strip() for cell in row.strip('|').split('|'))
+    assert name == 'defaults'
+    assert float(ratio) == pytest.approx(float(estimated) / float(measured), rel=0.01, abs=0.01)

@@ -1,5 +1,6 @@
 import ast
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -294,3 +295,20 @@ def test_help_of_the_real_scripts_lists_every_setting(script):
     lines = result.stdout.splitlines()
     assert [line.split('=')[0].strip() for line in lines if line.startswith('  --')] == \
         [f'--{s}' for s in settings]
+
+
+def test_a_config_file_that_is_a_pipe_is_refused_in_one_line_instead_of_waiting(tmp_path):
+    os.mkfifo(tmp_path / 'fifo.py')
+
+    def waited(*_):
+        raise AssertionError("configure opened the pipe and waited for a writer")
+    previous = signal.signal(signal.SIGALRM, waited)  # a guard: the suite never hangs here
+    signal.alarm(10)
+    try:
+        with pytest.raises(SystemExit) as exit:
+            configure({'a': 1}, [str(tmp_path / 'fifo.py')])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert exit.value.code == (f"config error: config file {tmp_path / 'fifo.py'} is not a regular file (a "
+                               f"pipe or device may wait forever for a writer); save the config as a file")

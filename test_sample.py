@@ -183,6 +183,10 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--top_k=0'], ['top_k']),
     ('vanilla', ['--num_samples=0'], ['num_samples']),
     ('vanilla', ['--start=the ', '--temperature=1e-40'], ['temperature=1e-40', 'use 0 for greedy']),
+    ('vanilla', ['--start=the ', '--temperature=1e999'], ['temperature=inf', 'finite']),
+    # sized before the batch is made: the list [start_ids] * num_samples alone was a MemoryError
+    ('vanilla', ['--start=the ', '--num_samples=100000000000', '--max_new_tokens=2'],
+     ['num_samples=100000000000 samples of 4 + 2 tokens needs at least', 'does not fit', 'fewer samples']),
     ('vanilla', ['--start=the ', '--seed=99999999999999999999999'],
      ['seed=99999999999999999999999', '2**64 - 1']),
     ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
@@ -237,3 +241,37 @@ def test_a_prompt_file_that_is_a_pipe_without_a_writer_exits_with_one_line_inste
     assert result.stderr.splitlines()[-1] == ("sample.py: the prompt file prompt.fifo is not a regular file "
                                               "(a pipe or device may wait forever for a writer); save the "
                                               "prompt to a file, or pass --start=TEXT")
+
+
+@pytest.mark.parametrize('what', ['config', 'checkpoint'])
+def test_a_config_or_checkpoint_that_is_a_pipe_exits_with_one_line_instead_of_waiting(runs, what):
+    """A separate process, with a timeout: a pipe opened to read would block this one for good."""
+    (runs / 'piped').mkdir(exist_ok=True)
+    os.mkfifo(runs / 'piped' / ('ckpt.pt' if what == 'checkpoint' else 'config.py'))
+    args = ['--out_dir=piped'] if what == 'checkpoint' else ['piped/config.py', '--out_dir=vanilla']
+    try:
+        result = subprocess.run([sys.executable, SAMPLE_PY, '--device=cpu', '--start=the ', *args],
+                                capture_output=True, text=True, cwd=runs, timeout=60)
+    finally:
+        os.remove(runs / 'piped' / ('ckpt.pt' if what == 'checkpoint' else 'config.py'))
+    assert (result.returncode, result.stdout) == (1, '') and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].endswith('is not a regular file (a pipe or device may wait forever '
+                                                   'for a writer); ' + ('point to a checkpoint file written '
+                                                   'by train.py' if what == 'checkpoint' else
+                                                   'save the config as a file'))
+
+
+def test_a_checkpoint_without_read_permission_says_so(runs, monkeypatch):
+    """chmod 000 does not stop root, who runs these tests in some containers: the OS's refusal is simulated
+    where torch.load opens the file."""
+    real_open = open
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path).endswith('ckpt.pt'):
+            raise PermissionError(13, 'Permission denied', str(path))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(torch.serialization, 'open', refusing_open, raising=False)
+    with pytest.raises(SystemExit) as exit:
+        sample(runs / 'vanilla', '--start=the ')
+    assert exit.value.code == (f"checkpoint {runs / 'vanilla' / 'ckpt.pt'} is unreadable (permission "
+                               f"denied); check its permissions or point to another checkpoint")

@@ -88,3 +88,24 @@ def test_argument_errors_are_one_line():
         parser.parse_args(["--seeds=abc"])
     assert error.value.code == ("tool.py: argument --seeds: invalid int value: 'abc'; "
                                 "see `python tool.py --help`")
+
+
+def test_refuse_pipe_refuses_a_pipe_and_leaves_the_rest_to_open(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(SystemExit) as refused:
+        support.refuse_pipe(str(tmp_path / "pipe"), "test.py: the file", "save it as a file")
+    assert refused.value.code == (f"test.py: the file {tmp_path / 'pipe'} is not a regular file (a pipe or "
+                                  f"device may wait forever for a writer); save it as a file")
+    (tmp_path / "file").write_text("x")
+    for path in ("file", "missing", "."):  # open() says what is wrong with a missing path or a folder
+        support.refuse_pipe(str(tmp_path / path), "test.py: the file", "save it as a file")
+
+
+def test_check_fits_names_what_does_not_fit_in_one_line():
+    have = support.memory_bytes("cpu")
+    assert have > 2 ** 20  # the machine's RAM
+    support.check_fits(2 ** 20, "cpu", "test.py: a job", "make it smaller")
+    with pytest.raises(SystemExit) as refused:
+        support.check_fits(10 * have, "cpu", "test.py: a job", "make it smaller")
+    assert refused.value.code == (f"test.py: a job needs at least {10 * have / 1e9:,.3g} GB: it does not fit "
+                                  f"in the {have / 1e9:,.3g} GB of RAM for cpu; make it smaller")

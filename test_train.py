@@ -151,8 +151,9 @@ def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
     monkeypatch.setattr(GPT, 'forward', watched_forward)
     train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
     monkeypatch.undo()
-    # the cost estimate's 2 passes, 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
-    assert returned == [(None, ())] * (2 + 4 + 3 * 2 + 4)
+    # the cost estimate's training passes (one untimed, then the timed ones) and its evaluation pass,
+    # 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
+    assert returned == [(None, ())] * (1 + train_support.TIMED_PASSES + 1 + 4 + 3 * 2 + 4)
     assert all(one_block)
 
 
@@ -470,14 +471,14 @@ def assert_same_weights(first, second):
 
 
 @pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
-                                               (signal.SIGTERM, 'forward', 6),
+                                               (signal.SIGTERM, 'forward', 3),
                                                (signal.SIGINT, 'update, save', 8)],
                          ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass',
                               'SIGINT in the update, again in the save'])
 def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig,
                                                                       during, step):
     """SIGINT or SIGTERM sent from inside a step. In the 8th training forward pass (the cost estimate makes
-    the first, so the 7th step's) it stops the run at once, at step 6; in the 8th weight update it waits for
+    the first 4, so the 4th step's) it stops the run at once, at step 3; in the 8th weight update it waits for
     the update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits
     for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
     uninterrupted run, log and weights, bit for bit."""
@@ -1106,3 +1107,50 @@ def test_the_checkpoint_a_run_starts_from_is_not_written_again(workdir, monkeypa
     train(workdir, '--out_dir=out_no_step_0', '--max_iters=3', '--eval_interval=1', '--init_from=resume')
     assert saved == [1, 2, 3]
     assert [r['step'] for r in records(workdir, 'out_no_step_0') if 'val_loss' in r] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize('piped', ['pipe.py', 'out_pipe/ckpt.pt', 'data/pipe_char/meta.json'])
+def test_a_pipe_where_a_file_is_read_whole_is_refused_in_one_line(workdir, piped):
+    """A config file, the checkpoint to resume, the data's meta.json: a pipe there is refused before it is
+    opened (opening it waits for a writer, perhaps forever), and nothing is written. A process of its own with
+    a timeout, so the suite cannot hang on it."""
+    os.makedirs(workdir / os.path.dirname(piped), exist_ok=True)
+    os.mkfifo(workdir / piped)
+    args = {'pipe.py': ['pipe.py', '--out_dir=out_piped'], 'out_pipe/ckpt.pt': ['--out_dir=out_pipe',
+            '--init_from=resume'], 'data/pipe_char/meta.json': ['--dataset=pipe_char', '--out_dir=out_piped']}
+    before = snapshot(workdir)
+    try:
+        result = run([REPO / 'train.py', *TINY, '--device=cpu', *args[piped]], workdir, check=False,
+                     timeout=60)
+        after = snapshot(workdir)
+    finally:
+        os.remove(workdir / piped)
+    one_line_error(result, piped, 'is not a regular file (a pipe or device may wait forever for a writer)')
+    assert after == before
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--n_layer=1000000'], ['n_layer=1000000', 'does not fit in the', 'lower n_layer']),
+    (['--n_embd=100000000000'], ['n_embd=100000000000', 'does not fit in the']),  # was a torch overflow
+    (['--lr_scales=["blocks.0.attn.c_v.weight", 2.0]'], ["lr_scales=['blocks.0.attn.c_v.weight', 2.0]",
+                                                         "[['blocks.0.attn.c_v.weight', 2.0], ...]"]),
+    (['--lr_scales=[[["blocks.0.attn.c_v.weight", 2.0]]]'], ["[['blocks.0.attn.c_v.weight', 2.0], ...]"]),
+    (['--lr_scales=[["blocks.0.attn.c_v.weight", -2.0]]'], ['-2.0', 'finite number, 0 or more']),
+    (['--lr_scales=[["wte.weight", 2], ["wte.weight", 3]]'], ['each name once']),
+    (['--weight_decay=1e999'], ['weight_decay=inf', 'finite']),
+    (['--grad_clip=1e999'], ['grad_clip=inf', 'finite']),
+])
+def test_settings_too_large_or_malformed_stop_in_one_line_writing_nothing(workdir, args, words):
+    before = snapshot(workdir)
+    result = train(workdir, '--device=cpu', '--out_dir=out_refused', *args, check=False)
+    one_line_error(result, 'train.py: ', *words)
+    assert snapshot(workdir) == before
+
+
+def test_resuming_with_max_iters_below_the_checkpoints_step_leaves_it_alone(workdir):
+    train(workdir, '--out_dir=out_below', '--max_iters=4', '--eval_interval=2')
+    before = {name: (workdir / 'out_below' / name).read_bytes() for name in ('ckpt.pt', 'log.jsonl')}
+    result = train(workdir, '--out_dir=out_below', '--init_from=resume', '--max_iters=2', check=False)
+    one_line_error(result, f"train.py: max_iters=2 is below step 4 of {os.path.join('out_below', 'ckpt.pt')}"
+                           f", which is left as it is; resume with --max_iters above it")
+    assert {name: (workdir / 'out_below' / name).read_bytes() for name in before} == before

@@ -140,6 +140,7 @@ device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 if device_type == 'cuda':  # before anything touches CUDA, or every rank's context opens on GPU 0 as well
     torch.cuda.set_device(device)
 ptdtype = pick_dtype(dtype, device_type)
+train_support.check_model_fits(model_config, device, training=not eval_only)
 run = train_support.RunFolder(out_dir, writes=master_process and not eval_only, wandb=wandb)
 if not eval_only:  # the only run that writes nothing
     run.check_can_start(init_from, overwrite)

@@ -2,7 +2,8 @@
 What keeps train.py's runs safe on a laptop, a shared machine or a cluster, kept out of the way of a reader
 who came to see how the model trains: that reader can skip this file. train.py calls each part by name:
 
-    check_settings, needs_gpu     every setting checked before anything touches out_dir
+    check_settings, needs_gpu     every setting checked before anything touches out_dir, the model sized
+    check_model_fits              against the device's memory before it is built
     RunFolder                     out_dir: a run never overwritten by accident, one writer at a time (a lock),
                                   what a kill left tidied, checkpoints written atomically, the log, and a line
                                   naming the last good checkpoint when a write fails
@@ -33,7 +34,7 @@ from torch.distributed import barrier
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import support
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
 # The settings a resumed run may change: where it writes and what it reports, the device it runs on and the
@@ -81,13 +82,24 @@ def check_settings(config):
         (0 <= c.warmup_iters <= c.lr_decay_iters,
          f"warmup_iters={c.warmup_iters}, lr_decay_iters={c.lr_decay_iters}; "
          f"use 0 <= warmup_iters <= lr_decay_iters"),
-        (c.weight_decay >= 0 and c.grad_clip >= 0,
-         f"weight_decay={c.weight_decay}, grad_clip={c.grad_clip}; use 0 or more"),
-        (c.peak_tflops >= 0, f"peak_tflops={c.peak_tflops}; use 0 (look it up) or the accelerator's peak"),
+        (0 <= c.weight_decay < math.inf and 0 <= c.grad_clip < math.inf,
+         f"weight_decay={c.weight_decay}, grad_clip={c.grad_clip}; use finite values, 0 or more"),
+        (0 <= c.peak_tflops < math.inf,
+         f"peak_tflops={c.peak_tflops}; use 0 (look it up) or the accelerator's peak"),
+        (lr_scales_ok(c.lr_scales),
+         f"lr_scales={c.lr_scales!r}; use [parameter name, multiplier] pairs, each name once and each "
+         f"multiplier a finite number, 0 or more: [['blocks.0.attn.c_v.weight', 2.0], ...]"),
         (0 <= c.seed < 2 ** 64, f"seed={c.seed}; use an integer from 0 to 2**64 - 1"),  # torch.manual_seed's
     ]:
         if not ok:
             raise SystemExit(f"train.py: {problem}")
+
+
+def lr_scales_ok(lr_scales):
+    names = [pair[0] for pair in lr_scales if isinstance(pair, (list, tuple)) and len(pair) == 2]
+    return (len(names) == len(lr_scales) == len(set(names)) and all(isinstance(n, str) for n in names)
+            and all(isinstance(m, (int, float)) and not isinstance(m, bool) and 0 <= m < math.inf
+                    for _, m in lr_scales))
 
 
 def import_wandb():
@@ -100,15 +112,36 @@ def import_wandb():
     return wandb
 
 
+def min_params(cfg):
+    """Lower bounds on GPT(cfg)'s parameters, (all, those in the blocks), from the shape alone, in no time at
+    any size (building even a 'meta' model of 100,000 layers takes minutes): every layer's W_Q, W_O and
+    SwiGLU MLP, and the embedding, twice unless tied. K, V, norms, λ and token tables come on top."""
+    blocks = cfg.n_layer * (2 * cfg.n_embd ** 2 + 3 * cfg.n_embd * cfg.ffn_hidden)
+    return blocks + cfg.vocab_size * cfg.n_embd * (1 if cfg.tie_embeddings else 2), blocks
+
+
 def needs_gpu(model_config, block_size, tokens):
     """Why a run of model_config on this many tokens must not fall back to the CPU when device='auto' finds no
     GPU (a CUDA wheel the driver is too old for looks just like that), or None: training it would take over a
-    day at 1 TFLOP/s, a fast CPU's pace. Every CPU config here takes 1e13-1e14 FLOPs, every GPU one 1e18 or
-    more."""
-    with torch.device('meta'):
-        flops = GPT(model_config).flops_per_token(block_size) * tokens
+    day at 1 TFLOP/s, a fast CPU's pace, by GPT.flops_per_token's formula on min_params's count. Every CPU
+    config here takes 1e13-1e14 FLOPs, every GPU one 1e18 or more."""
+    cfg = model_config
+    flops = (6 * min_params(cfg)[1] + 6 * cfg.n_layer * cfg.n_embd * block_size) * tokens
     days = flops / 1e12 / 86400
-    return f"training this run takes {flops:.1e} FLOPs, {days:,.0f} days at 1 TFLOP/s" if days > 1 else None
+    return f"training this run takes over {flops:.1e} FLOPs, {days:,.0f} days at 1 TFLOP/s" \
+        if days > 1 else None
+
+
+def check_model_fits(cfg, device, training):
+    """End train.py with one line, before anything is allocated, if the model cannot fit in device's memory:
+    min_params at 16 bytes a parameter to train (fp32 weights and gradients, AdamW's two moments; activations
+    come on top), 4 to evaluate."""
+    params = min_params(cfg)[0]
+    support.check_fits(params * (16 if training else 4), device,
+                       f"train.py: n_layer={cfg.n_layer}, n_embd={cfg.n_embd}, ffn_hidden={cfg.ffn_hidden} "
+                       f"and vocab_size={cfg.vocab_size} make over {params:.3g} parameters, and "
+                       f"{'training' if training else 'evaluating'} them",
+                       "lower n_layer, n_embd or ffn_hidden, or use a device with more memory")
 
 
 def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config, data_meta, eval_only):
@@ -120,6 +153,10 @@ def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config
     if missing:
         raise SystemExit(f"train.py: {ckpt_path} has no {', '.join(missing)}, so it cannot be resumed "
                          f"exactly; start over with --overwrite=True")
+    if config['max_iters'] < checkpoint['iter_num'] and not eval_only:
+        raise SystemExit(f"train.py: max_iters={config['max_iters']} is below step {checkpoint['iter_num']} "
+                         f"of {ckpt_path}, which is left as it is; resume with --max_iters above it to train "
+                         f"on, or score it with --eval_only=True")
     saved_meta, saved_config = checkpoint['data_meta'], checkpoint['config']
     if saved_meta != data_meta and not eval_only:
         differ = sorted(key for key in saved_meta.keys() | data_meta.keys()
@@ -314,41 +351,51 @@ def link_or_copy(source, target):
 # ------------------------------------------------------------------------------------------------------------
 # during the run
 
+TIMED_PASSES = 3  # the training micro-batches the estimate times, after one untimed one (two if compiled)
+
+
 def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, cuda, schedule,
                   tokens_per_step, say):
-    """Say what the run will cost before any long work, from one micro_batch() (a training forward and
-    backward, whose gradients are then dropped: no update, and every step seeds its own randomness, so the run
-    is unchanged) and one eval_batch(), timed on every rank. counts: this rank's (micro-batches a step,
-    evaluation batches, the last evaluation's more on every validation window); schedule: (this run's first
-    step, max_iters, eval_interval); say: rank 0's print."""
+    """Say what the run will cost before any long work, from micro_batch() (a training forward and backward,
+    whose gradients are then dropped: no update, and every step seeds its own randomness, so the run is
+    unchanged) and eval_batch(), timed on every rank. The first calls pay for allocation, kernel selection
+    and any compiling, and come out up to 1.6x slower than the steps that follow: they are not timed, and the
+    step's range over TIMED_PASSES timed calls is said. counts: this rank's (micro-batches a step, evaluation
+    batches, the last evaluation's more on every validation window); schedule: (this run's first step,
+    max_iters, eval_interval); say: rank 0's print."""
     micro_batches, eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
-    began = time.time()
-    step = seconds_of(micro_batch, compiled, cuda) * micro_batches
+    warming, times = seconds_of(micro_batch, 1 + compiled, TIMED_PASSES, cuda)
     optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
     model.eval()
-    batch = seconds_of(torch.no_grad()(eval_batch), compiled, cuda) if eval_batches else 0
-    evaluation = batch * eval_batches
+    eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) if eval_batches \
+        else (0, [0])  # a rank with no share of the validation windows
     model.train()
-    compiling = f"; compiling took {duration(time.time() - began - step - evaluation)}" if compiled else ""
+    steps = [t * micro_batches for t in times]
+    step, evaluation = sum(steps) / len(steps), eval_times[0] * eval_batches
+    compiling = warming + eval_warming - (1 + compiled) * times[0] - compiled * eval_times[0]
+    compiling = f"; compiling took {duration(compiling)}" if compiled else ""
     first_eval = -(-first_step // eval_interval) * eval_interval
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
-    steps = max_iters - first_step
-    say(f"about {duration(step)} a step ({tokens_per_step / step:,.0f} tokens/s): "
-        f"{duration(step * steps)} for the {steps} steps to go, "
-        f"plus {duration(evaluation * evaluations + batch * full_eval_batches)} for {evaluations} evaluations"
+    to_go = max_iters - first_step
+    say(f"about {duration(step)} a step ({duration(min(steps))} to {duration(max(steps))} over "
+        f"{len(steps)} timed ones; {tokens_per_step / step:,.0f} tokens/s): {duration(step * to_go)} for the "
+        f"{to_go} steps to go, plus {duration(evaluation * evaluations + eval_times[0] * full_eval_batches)} "
+        f"for {evaluations} evaluations"
         f"{' (the last also of every validation window)' if full_eval_batches else ''}{compiling}")
 
 
-def seconds_of(work, compiled, cuda):
-    """Seconds one call of work() takes, waiting for the device; when compiled, the second call's (the first
-    one compiles)."""
-    for _ in range(1 + compiled):
+def seconds_of(work, untimed, timed, cuda):
+    """(seconds of untimed calls of work(), [seconds of each of the timed calls that follow]), waiting for
+    the device after each."""
+    seconds = []
+    for _ in range(untimed + timed):
         start = time.time()
         work()
         if cuda:
             torch.cuda.synchronize()
-    return time.time() - start
+        seconds.append(time.time() - start)
+    return sum(seconds[:untimed]), seconds[untimed:]
 
 
 def duration(seconds):
