@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import support
 from configurator import configure
 from model import load_checkpoint, pick_device
 from prepare import load_meta, load_tokenizer, open_split, prepare_command
@@ -178,7 +179,7 @@ def load_models(run_args):
     models = {}
     for arg in run_args:
         path = checkpoint_path(arg)
-        model, checkpoint = load_checkpoint(path, device)
+        model, checkpoint = load_checkpoint(support.checkpoint_path(path), device)
         models[path] = model.eval(), checkpoint
     (first_path, (_, first)), *others = models.items()
     for path, (_, checkpoint) in others:

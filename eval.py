@@ -85,6 +85,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import support
 from model import load_checkpoint, pick_device, pick_dtype
 from prepare import CHAR_SEPARATOR, load_tokenizer
 
@@ -103,7 +104,7 @@ class ValueResidualLM(TemplateLM):
         device = pick_device(device)
         device_type = device.split(':')[0]
         dtype = pick_dtype(dtype, device_type)
-        self.model, ckpt = load_checkpoint(checkpoint, device)
+        self.model, ckpt = load_checkpoint(support.checkpoint_path(checkpoint), device)
         self.model.eval()
         self.tokenizer = load_tokenizer(ckpt['data_meta'])
         self.vocab_size = self.tokenizer.vocab_size

@@ -29,7 +29,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import support
 
 
 @dataclass
@@ -874,8 +873,8 @@ def check_flags(cfg, need):
 
 
 def load_checkpoint(path, device='cpu'):
-    """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line."""
-    support.refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
+    """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line. The
+    scripts pass path through support.checkpoint_path first (pipes refused), so model.py needs only torch."""
     try:
         # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
         # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,

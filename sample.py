@@ -65,7 +65,7 @@ ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 
 path = os.path.join(out_dir, ckpt)
-model, checkpoint = load_checkpoint(path, device)
+model, checkpoint = load_checkpoint(support.checkpoint_path(path), device)
 if not all(p.isfinite().all() for p in model.parameters()):
     raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
                      "sample from another checkpoint, e.g. --ckpt=best.pt")

@@ -127,6 +127,12 @@ def refuse_pipe(path, what, fix):
                          f"writer); {fix}")
 
 
+def checkpoint_path(path):
+    """path, once refuse_pipe has passed it as a checkpoint: what the scripts hand model.load_checkpoint."""
+    refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
+    return path
+
+
 def memory_bytes(device):
     """The memory a job on device may use: a CUDA GPU's free memory, else the machine's RAM (an MPS GPU
     shares it); None where the OS does not say (Windows has no os.sysconf)."""

@@ -41,8 +41,9 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     assert (run.returncode, run.stderr) == (0, '')
     settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
     assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
-    assert settings[-1][0] == "--train_args=''"  # the node check's, under a heading of their own
-    assert len(settings) == 26 and all(len(words) > 1 for words in settings)  # a comment beside each
+    # the node check's and the estimate check's, each under a heading of their own
+    assert settings[25][0] == "--train_args=''" and settings[-1][0] == '--estimate_iters=100'
+    assert len(settings) == 29 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [

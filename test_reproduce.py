@@ -181,10 +181,11 @@ def test_run_names_identify_settings():
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer
-    # and value embeddings are other suites'); controls: 3 new (its Transformer and Identity are depth's)
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 3 * 3
-    assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2' in reproduce.suite_runs(
-        'controls', 'cpu', [1337])[2][1]
+    # and value embeddings are other suites'); controls: 4 new (its Transformer and Identity are depth's)
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3
+    controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
+    assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
+    assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert (kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1]
             == 'cpu_variant=vanilla_seed=1337')

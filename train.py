@@ -28,6 +28,7 @@ from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+import support
 import train_support
 from configurator import configure
 from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
@@ -276,7 +277,7 @@ rank_val_pieces, rank_full_val_pieces = rank_pieces(val_sets), rank_pieces(full_
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
 iter_num, best_val_loss, last_eval = 0, float('inf'), None
 if init_from == 'resume':
-    raw_model, saved = load_checkpoint(run.ckpt_path)
+    raw_model, saved = load_checkpoint(support.checkpoint_path(run.ckpt_path))
     train_support.check_resume(saved, run.ckpt_path, raw_model.config, model_config, config, data_meta,
                                eval_only)
     iter_num = run.saved_step = saved['iter_num']
@@ -424,7 +425,9 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                     last_eval['val_loss_domains'] = domain_losses
                 last_eval.update(full)
                 run.log(last_eval)
-                if master_process and iter_num > first_step:  # the checkpoint it started from, unchanged
+                # not at the step it started from (step 0's weights are the seed's; a resumed run's, its
+                # checkpoint's), unless the run ends there
+                if master_process and (iter_num > first_step or iter_num == max_iters):
                     run.save(checkpoint(), best)
                 signals.wait_for_rank_0()
             say(f"step {iter_num}: val loss {val_loss:.4f} (best {best_val_loss:.4f}){said}")
