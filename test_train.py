@@ -151,9 +151,9 @@ def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
     monkeypatch.setattr(GPT, 'forward', watched_forward)
     train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
     monkeypatch.undo()
-    # the cost estimate's training passes (one untimed, then the timed ones) and its evaluation pass,
+    # the cost estimate's training passes (two untimed, then the timed ones) and its evaluation pass,
     # 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
-    assert returned == [(None, ())] * (1 + train_support.TIMED_PASSES + 1 + 4 + 3 * 2 + 4)
+    assert returned == [(None, ())] * (2 + train_support.TIMED_PASSES + 1 + 4 + 3 * 2 + 4)
     assert all(one_block)
 
 
@@ -477,16 +477,16 @@ def assert_same_weights(first, second):
                               'SIGINT in the update, again in the save'])
 def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig,
                                                                       during, step):
-    """SIGINT or SIGTERM sent from inside a step. In the 8th training forward pass (the cost estimate makes
-    the first 4, so the 4th step's) it stops the run at once, at step 3; in the 8th weight update it waits for
+    """SIGINT or SIGTERM sent from inside a step. In the 4th step's training forward pass (after the cost
+    estimate's 2 + TIMED_PASSES) it stops the run at once, at step 3; in the 8th weight update it waits for
     the update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits
     for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
     uninterrupted run, log and weights, bit for bit."""
     calls = []
 
-    def eighth(*_):
+    def nth(n):
         calls.append(1)
-        return len(calls) == 8
+        return len(calls) == n
 
     def signalling(function, when):
         def wrapper(*args, **kwargs):
@@ -496,10 +496,11 @@ def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, s
         return wrapper
 
     if during == 'forward':  # training calls only, not evaluation's
-        forward = signalling(GPT.forward, lambda model, *_: model.training and eighth())
+        fourth_step = 2 + train_support.TIMED_PASSES + 4
+        forward = signalling(GPT.forward, lambda model, *_: model.training and nth(fourth_step))
         monkeypatch.setattr(GPT, 'forward', forward)
     else:
-        clip = signalling(torch.nn.utils.clip_grad_norm_, eighth)
+        clip = signalling(torch.nn.utils.clip_grad_norm_, lambda *_: nth(8))
         monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', clip)
     if during == 'update, save':  # again at every torch.save from step 8 on
         monkeypatch.setattr(torch, 'save', signalling(torch.save, lambda *_: len(calls) >= 8))
@@ -1129,6 +1130,17 @@ def test_a_pipe_where_a_file_is_read_whole_is_refused_in_one_line(workdir, piped
         os.remove(workdir / piped)
     one_line_error(result, piped, 'is not a regular file (a pipe or device may wait forever for a writer)')
     assert after == before
+
+
+def test_a_pipe_for_the_log_of_a_run_to_resume_is_refused_in_one_line(workdir):
+    train(workdir, '--out_dir=out_pipe_log', '--max_iters=2')
+    os.remove(workdir / 'out_pipe_log' / 'log.jsonl')
+    os.mkfifo(workdir / 'out_pipe_log' / 'log.jsonl')
+    before = snapshot(workdir)
+    result = run([REPO / 'train.py', *TINY, '--device=cpu', '--out_dir=out_pipe_log', '--max_iters=4',
+                  '--init_from=resume'], workdir, check=False, timeout=60)
+    one_line_error(result, "train.py: the run's log", 'log.jsonl is not a regular file')
+    assert snapshot(workdir) == before
 
 
 @pytest.mark.parametrize('args, words', [

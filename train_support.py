@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -228,6 +229,8 @@ class RunFolder:
             raise SystemExit(f"train.py: {self.out_dir} already holds a run ({', '.join(existing)}); "
                              f"continue it with --init_from=resume, or start over with --overwrite=True "
                              f"(deletes it), or pick another --out_dir")
+        # a resume reads the log whole, to cut it back to the checkpoint's step
+        support.refuse_pipe(self.log_path, "train.py: the run's log", "remove it, or replace it with a file")
         writable = self.out_dir
         while not os.path.exists(writable):  # the folder that will hold out_dir once it is made
             writable = os.path.dirname(os.path.abspath(writable))
@@ -351,7 +354,7 @@ def link_or_copy(source, target):
 # ------------------------------------------------------------------------------------------------------------
 # during the run
 
-TIMED_PASSES = 3  # the training micro-batches the estimate times, after one untimed one (two if compiled)
+TIMED_PASSES = 5  # the training micro-batches the estimate times, after two untimed ones (three if compiled)
 
 
 def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, cuda, schedule,
@@ -359,21 +362,22 @@ def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, c
     """Say what the run will cost before any long work, from micro_batch() (a training forward and backward,
     whose gradients are then dropped: no update, and every step seeds its own randomness, so the run is
     unchanged) and eval_batch(), timed on every rank. The first calls pay for allocation, kernel selection
-    and any compiling, and come out up to 1.6x slower than the steps that follow: they are not timed, and the
-    step's range over TIMED_PASSES timed calls is said. counts: this rank's (micro-batches a step, evaluation
-    batches, the last evaluation's more on every validation window); schedule: (this run's first step,
-    max_iters, eval_interval); say: rank 0's print."""
+    and any compiling, and come out up to 1.6x slower than the steps that follow (the second still up to
+    1.3x): they are not timed; the estimate is the median of TIMED_PASSES timed calls, their range said. The
+    optimizer's update is not timed (it would change the weights). counts: this rank's
+    (micro-batches a step, evaluation batches, the last evaluation's more on every validation window);
+    schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print."""
     micro_batches, eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
-    warming, times = seconds_of(micro_batch, 1 + compiled, TIMED_PASSES, cuda)
+    warming, times = seconds_of(micro_batch, 2 + compiled, TIMED_PASSES, cuda)
     optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
     model.eval()
     eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) if eval_batches \
         else (0, [0])  # a rank with no share of the validation windows
     model.train()
     steps = [t * micro_batches for t in times]
-    step, evaluation = sum(steps) / len(steps), eval_times[0] * eval_batches
-    compiling = warming + eval_warming - (1 + compiled) * times[0] - compiled * eval_times[0]
+    step, evaluation = statistics.median(steps), eval_times[0] * eval_batches
+    compiling = warming + eval_warming - (2 + compiled) * times[0] - compiled * eval_times[0]
     compiling = f"; compiling took {duration(compiling)}" if compiled else ""
     first_eval = -(-first_step // eval_interval) * eval_interval
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
