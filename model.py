@@ -477,24 +477,64 @@ class GPT(nn.Module):
         DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=()):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=(), muon=None):
         """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α).
         lr_scales: (parameter name, multiplier) pairs, trained at multiplier x the schedule's rate (Sec. 4.3's
-        control: a Transformer with a higher rate on layer 1's W_V and W_O); each group's 'lr_scale' says."""
+        control: a Transformer with a higher rate on layer 1's W_V and W_O); each group's 'lr_scale' says.
+        muon: (Muon's peak rate, its adjust_lr_fn) to train the blocks' linear weights with torch.optim.Muon
+        instead (MuonAndAdamW): the hidden matrices Muon is meant for; the embeddings, the LM head, norms, λ
+        and value tables stay with AdamW, as Muon's authors (and nanochat, modded-nanogpt) do."""
         scales = dict(lr_scales)
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
         unknown = sorted(set(scales) - set(params))
         if unknown:
             raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
                              f"(names like blocks.0.attn.c_v.weight)")
+        hidden = {id(m.weight) for m in self.blocks.modules() if isinstance(m, nn.Linear)} if muon else set()
         # the two groups of old, first and always, as saved optimizer states have them
         groups = {(True, 1.0): [], (False, 1.0): []}
+        muon_groups = {}
         for name, p in params.items():
-            groups.setdefault((p.dim() >= 2, float(scales.get(name, 1.0))), []).append(p)
-        groups = [{'params': ps, 'weight_decay': weight_decay if decays else 0.0, 'lr_scale': scale}
-                  for (decays, scale), ps in groups.items()]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8,
-                                 fused=device_type in ('cuda', 'cpu'))
+            key = (p.dim() >= 2, float(scales.get(name, 1.0)))
+            (muon_groups if id(p) in hidden else groups).setdefault(key, []).append(p)
+        adamw = torch.optim.AdamW([{'params': ps, 'weight_decay': weight_decay if decays else 0.0,
+                                    'lr_scale': scale} for (decays, scale), ps in groups.items()],
+                                  lr=learning_rate, betas=betas, eps=1e-8,
+                                  fused=device_type in ('cuda', 'cpu'))
+        if not muon:
+            return adamw
+        # the schedule's rate, learning_rate at its peak, becomes Muon's peak rate through lr_scale; its
+        # weight decay (decoupled: rate x decay) takes off what AdamW's does a step: only the update differs
+        muon_lr, adjust_lr_fn = muon
+        groups = [{'params': ps, 'lr_scale': scale * muon_lr / learning_rate} for (_, scale), ps in
+                  muon_groups.items()]
+        decay = weight_decay * learning_rate / muon_lr
+        return MuonAndAdamW(torch.optim.Muon(groups, lr=muon_lr, weight_decay=decay,
+                                             adjust_lr_fn=adjust_lr_fn), adamw)
+
+
+class MuonAndAdamW:
+    """Muon and AdamW stepped as one optimizer: what train.py's loop, its loss scaler and its checkpoints use
+    of an optimizer (param_groups, step, zero_grad, state_dict) covers both, Muon's groups first."""
+
+    def __init__(self, muon, adamw):
+        self.muon, self.adamw = muon, adamw
+        self.param_groups = muon.param_groups + adamw.param_groups
+
+    def step(self):
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self):
+        return {'muon': self.muon.state_dict(), 'adamw': self.adamw.state_dict()}
+
+    def load_state_dict(self, state):
+        self.muon.load_state_dict(state['muon'])
+        self.adamw.load_state_dict(state['adamw'])
 
 
 # ------------------------------------------------------------------------------------------------------------

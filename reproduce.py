@@ -41,7 +41,8 @@ import support
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent
-SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls')
+SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
+          'optimizer')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -91,6 +92,17 @@ DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resforme
 # with the depth suite's Transformer.
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
 CONTROL_LR_SCALES = ((2.0, 2.0), (4.0, 4.0), (2.0, 1.5))  # (W_V's multiplier, W_O's)
+# Beyond the paper: does the value residual survive Muon? Muon's peak rate is tuned on the Transformer first,
+# at each depth (suite muon_lr, one seed: `python reproduce.py muon_lr --seeds=1`), around Keller Jordan's
+# default of 0.02; suite optimizer then trains every context-free value with AdamW (the paper's settings,
+# runs shared with the value_bank suite) and with Muon at the sweep's best rate, each paired with the
+# Transformer of its optimizer.
+MUON_LRS = (0.01, 0.02, 0.04, 0.08)
+MUON_LR = {}  # (scale, n_layer): the muon_lr sweep's best rate, once it has run (results/muon_lr)
+OPTIMIZER_VARIANTS = [('vanilla', dict(variant='vanilla')),
+                      ('resformer_identity', dict(variant='resformer_identity')),
+                      ('svformer', dict(variant='svformer')),
+                      ('value_bank', dict(variant=BASELINE, value_bank=True))]
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
 
@@ -146,16 +158,43 @@ def suite_groups(suite, scale):
                     f'{BASELINE} L8') for v, o in CONTROL_LR_SCALES]
                 + [('identity mapping L8', dict(variant='resformer_identity', value_mapping='identity',
                                                 **DEPTH[scale]), f'{BASELINE} L8')])
+    if suite == 'muon_lr':
+        return at_two_depths(scale, lambda n_layer: [(BASELINE, dict(variant=BASELINE))] + [
+            (f'{BASELINE} muon lr={lr:g}', dict(variant=BASELINE, optimizer='muon', muon_lr=lr))
+            for lr in MUON_LRS])
+    if suite == 'optimizer':
+        groups = []
+        for depth, shape in two_depths(scale):  # at 8 layers, the Transformer and Identity ResFormer
+            variants = OPTIMIZER_VARIANTS[:None if depth == base['n_layer'] else 2]
+            muon = dict(optimizer='muon', muon_lr=best_muon_lr(scale, depth))
+            for opt, settings in (('', {}), (' muon', muon)):
+                groups += [(f'{label}{opt} L{depth}', dict(flags, **settings, **shape),
+                            f'{BASELINE}{opt} L{depth}') for label, flags in variants]
+        return groups
     raise ValueError(f"unknown suite {suite!r}")
 
 
-def at_two_depths(scale, groups):
-    """The scale's depth and the paper's 8 layers (DEPTH's shape; once where the scale has 8), each group
-    paired with the Transformer of its depth: groups(n_layer) gives [(label, settings)]."""
+def best_muon_lr(scale, depth):
+    if (scale, depth) not in MUON_LR:
+        raise SystemExit(f"reproduce.py: suite optimizer trains Muon at the rate suite muon_lr finds best, "
+                         f"and MUON_LR has none for scale {scale} at {depth} layers; run `python "
+                         f"reproduce.py muon_lr --seeds=1{'' if scale == 'cpu' else f' --scale={scale}'}` "
+                         f"and set it")
+    return MUON_LR[scale, depth]
+
+
+def two_depths(scale):
+    """[(n_layer, the settings for it)]: the scale's depth and the paper's 8 layers (DEPTH's shape; once where
+    the scale has 8)."""
     base = SCALES[scale]
-    depths = [(base['n_layer'], {})] + ([(8, DEPTH[scale])] if base['n_layer'] != 8 else [])
+    return [(base['n_layer'], {})] + ([(8, DEPTH[scale])] if base['n_layer'] != 8 else [])
+
+
+def at_two_depths(scale, groups):
+    """The groups at two_depths, each paired with the Transformer of its depth: groups(n_layer) gives
+    [(label, settings)]."""
     return [(f'{label} L{depth}', dict(settings, **shape), f'{BASELINE} L{depth}')
-            for depth, shape in depths for label, settings in groups(depth)]
+            for depth, shape in two_depths(scale) for label, settings in groups(depth)]
 
 
 def widened(scale, n_layer, flags):
@@ -274,7 +313,8 @@ def probe(settings):
     # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
     # must show in the probe of every run that sets it
     tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping',
-                                             'residual_type', 'h0_residual') if k in settings}
+                                             'residual_type', 'h0_residual', 'optimizer', 'muon_adjust_lr')
+                    if k in settings}
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
     key = json.dumps(tiny, sort_keys=True)

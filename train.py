@@ -86,6 +86,11 @@ value_embeds = False  # nanochat's value embeddings: every other layer adds a ga
 value_bank = False  # Bank of Values (arXiv 2606.02780): the last third of the layers look values up in tables
 h0_residual = True  # False: block 1 drops its residual connection from H0 (Sec. 4.4's V2-source ablation)
 # AdamW and the learning-rate schedule: linear warmup, then cosine down to min_lr at lr_decay_iters
+optimizer = 'adamw'  # 'adamw' (the paper's), or 'muon': torch.optim.Muon (torch 2.9+) for the blocks' linear
+# weights, AdamW for the rest (embeddings, LM head, norms, λ, value tables), one schedule driving both
+muon_lr = 0.02  # Muon's peak rate, scaled by the schedule as learning_rate is (Keller Jordan's Muon default)
+muon_adjust_lr = 'original'  # Muon's rate per matrix shape: 'original' (Keller Jordan's, torch's default:
+# x sqrt(max(1, rows/cols))) or 'match_rms_adamw' (Moonshot's Moonlight: x 0.2 sqrt(max(rows, cols)))
 learning_rate = 2e-3
 max_iters = 600
 weight_decay = 0.1
@@ -289,8 +294,9 @@ with train_support.memory_error_in_one_line(device):
     raw_model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == 'float16')
 try:
-    optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                               lr_scales)
+    optimizer = raw_model.configure_optimizers(  # the setting's name; from here on, the optimizer
+        weight_decay, learning_rate, (beta1, beta2), device_type, lr_scales,
+        muon=(muon_lr, muon_adjust_lr) if optimizer == 'muon' else None)
 except (TypeError, ValueError) as e:  # a name that is no parameter, or not [name, multiplier] pairs
     raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
 if init_from == 'resume':

@@ -85,6 +85,13 @@ def check_settings(config):
          f"use 0 <= warmup_iters <= lr_decay_iters"),
         (0 <= c.weight_decay < math.inf and 0 <= c.grad_clip < math.inf,
          f"weight_decay={c.weight_decay}, grad_clip={c.grad_clip}; use finite values, 0 or more"),
+        (c.optimizer in ('adamw', 'muon'), f"optimizer={c.optimizer!r}; use 'adamw' or 'muon'"),
+        (c.optimizer == 'adamw' or hasattr(torch.optim, 'Muon'),
+         f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later (this is torch {torch.__version__}); "
+         f"upgrade torch, or use optimizer='adamw'"),
+        (0 < c.muon_lr < math.inf and c.muon_adjust_lr in ('original', 'match_rms_adamw'),
+         f"muon_lr={c.muon_lr}, muon_adjust_lr={c.muon_adjust_lr!r}; use a finite rate above 0, and "
+         f"'original' or 'match_rms_adamw'"),
         (0 <= c.peak_tflops < math.inf,
          f"peak_tflops={c.peak_tflops}; use 0 (look it up) or the accelerator's peak"),
         (lr_scales_ok(c.lr_scales),
