@@ -519,7 +519,10 @@ class MuonAndAdamW:
 
     def __init__(self, muon, adamw):
         self.muon, self.adamw = muon, adamw
-        self.param_groups = muon.param_groups + adamw.param_groups
+
+    @property
+    def param_groups(self):  # read anew: loading a state replaces each optimizer's groups
+        return self.muon.param_groups + self.adamw.param_groups
 
     def step(self):
         self.muon.step()

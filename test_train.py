@@ -1168,3 +1168,63 @@ def test_resuming_with_max_iters_below_the_checkpoints_step_leaves_it_alone(work
     one_line_error(result, f"train.py: max_iters=2 is below step 4 of {os.path.join('out_below', 'ckpt.pt')}"
                            f", which is left as it is; resume with --max_iters above it")
     assert {name: (workdir / 'out_below' / name).read_bytes() for name in before} == before
+
+
+# ------------------------------------------------------------------------------------------------------------
+# optimizer='muon'
+
+MUON = ['--optimizer=muon', '--muon_lr=0.02', '--max_iters=8', '--eval_interval=4', '--lr_decay_iters=8']
+
+
+@pytest.mark.parametrize('table', ['value_embeds', 'value_bank'])
+def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(table):
+    model = GPT(GPTConfig(vocab_size=64, n_layer=3, n_head=2, n_embd=32, block_size=16, value_residual=True,
+                          lambda_mode='learnable', **{table: True}))
+    optimizer = model.configure_optimizers(0.1, 2e-3, (0.9, 0.95), 'cpu', [['blocks.0.attn.c_q.weight', 2.0]],
+                                           muon=(0.02, 'original'))
+    muon = {id(p) for group in optimizer.muon.param_groups for p in group['params']}
+    adamw = {id(p) for group in optimizer.adamw.param_groups for p in group['params']}
+    names = {id(p): name for name, p in model.named_parameters()}
+    linear = {id(m.weight) for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)}
+    assert muon == linear and not muon & adamw and muon | adamw == set(names)
+    assert {names[i] for i in adamw} >= {'wte.weight', 'lm_head.weight', 'lambda_v1', 'lambda_vn', 'norm_f.weight'}
+    assert any(table in names[i] for i in adamw) and not any(table in names[i] for i in muon)
+    # one schedule: learning_rate's multiple lr_scale, Muon's at muon_lr (twice that where lr_scales says so)
+    scales = {names[id(p)]: group['lr_scale'] for group in optimizer.param_groups for p in group['params']}
+    assert scales['blocks.1.attn.c_q.weight'] == 10.0 and scales['blocks.0.attn.c_q.weight'] == 20.0
+    assert scales['wte.weight'] == 1.0
+
+
+def test_muon_resumes_exactly_in_one_process_and_on_two_ranks(workdir):
+    train(workdir, '--out_dir=out_muon', *MUON)
+    train(workdir, '--out_dir=out_muon_resumed', *MUON, '--max_iters=3')
+    train(workdir, '--out_dir=out_muon_resumed', *MUON, '--init_from=resume')
+    assert records(workdir, 'out_muon_resumed') == records(workdir, 'out_muon')
+    assert_same_weights(weights(workdir, 'out_muon_resumed'), weights(workdir, 'out_muon'))
+    torchrun(workdir, *TINY, *MUON, '--out_dir=out_muon_ddp')
+    torchrun(workdir, *TINY, *MUON, '--max_iters=3', '--out_dir=out_muon_ddp_resumed')
+    result = torchrun(workdir, *TINY, *MUON, '--init_from=resume', '--out_dir=out_muon_ddp_resumed')
+    assert 'weights across 2 ranks differ by at most 0' in result.stdout  # every rank's update the same
+    assert records(workdir, 'out_muon_ddp_resumed') == records(workdir, 'out_muon_ddp')
+    assert_same_weights(weights(workdir, 'out_muon_ddp_resumed'), weights(workdir, 'out_muon_ddp'))
+    one, two = log(workdir, 'out_muon', 'train_loss'), log(workdir, 'out_muon_ddp', 'train_loss')
+    assert all(abs(one[s] - two[s]) < 1e-4 for s in one) and list(one) == list(range(1, 9))
+    assert log(workdir, 'out_muon', 'val_loss')[8] < log(workdir, 'out_muon', 'val_loss')[0] - 0.5
+
+
+def test_compiled_muon_matches_eager(workdir):
+    common = [*TINY, *MUON, '--max_iters=3', '--eval_interval=3']
+    run([REPO / 'train.py', *common, '--compile=True', '--out_dir=out_muon_compiled'], workdir,
+        env=dict(os.environ, OMP_NUM_THREADS='1'))
+    train(workdir, *MUON, '--max_iters=3', '--eval_interval=3', '--out_dir=out_muon_eager')
+    compiled, eager = (log(workdir, out, 'train_loss') for out in ('out_muon_compiled', 'out_muon_eager'))
+    assert list(compiled) == list(eager) == [1, 2, 3]
+    assert all(abs(compiled[s] - eager[s]) < 1e-4 for s in eager), (compiled, eager)
+
+
+def test_muon_on_a_torch_without_it_is_one_line(workdir, monkeypatch):
+    monkeypatch.delattr(torch.optim, 'Muon')
+    result = train(workdir, '--optimizer=muon', '--out_dir=out_no_muon', check=False)
+    one_line_error(result, "train.py: optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later "
+                           f"(this is torch {torch.__version__})")
+    assert not (workdir / 'out_no_muon').exists()
