@@ -164,16 +164,17 @@ def test_run_builds_the_paper_model(path, ranks, args):
 @pytest.mark.parametrize('path, ranks, args', RUNS, ids=[run_id(p, a) for p, _, a in RUNS])
 def test_run_trains_one_step_at_toy_size(path, ranks, args):
     """The run's model, as many layers and heads and the same flags, but 4 wide per head over a 64-token
-    vocabulary: one forward, backward and AdamW step with the run's settings gives a finite loss, a finite
-    gradient for every parameter, and moves every parameter (λ included when learned); parameters the run
-    names in lr_scales take their multiple of the rate."""
+    vocabulary: one forward, backward and optimizer step (AdamW, or Muon and AdamW) with the run's settings
+    gives a finite loss, a finite gradient for every parameter, and moves every parameter (λ included when
+    learned); parameters the run names in lr_scales take their multiple of the rate."""
     settings = settings_of(args)
     torch.manual_seed(0)
     model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16,
                              vocab_size=64))
+    muon = (settings['muon_lr'], settings['muon_adjust_lr']) if settings['optimizer'] == 'muon' else None
     optimizer = model.configure_optimizers(settings['weight_decay'], settings['learning_rate'],
                                            (settings['beta1'], settings['beta2']), 'cpu',
-                                           settings['lr_scales'])
+                                           settings['lr_scales'], muon=muon)
     # the rate train.py sets at each step: the schedule's x the group's scale
     for group in optimizer.param_groups:
         group['lr'] = settings['learning_rate'] * group['lr_scale']
