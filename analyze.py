@@ -62,7 +62,6 @@ from tqdm import tqdm
 
 import support
 from configurator import configure
-from model import load_checkpoint, pick_device
 from prepare import load_meta, load_tokenizer, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
@@ -179,7 +178,7 @@ def load_models(run_args):
     models = {}
     for arg in run_args:
         path = checkpoint_path(arg)
-        model, checkpoint = load_checkpoint(support.checkpoint_path(path), device)
+        model, checkpoint = support.load_checkpoint(path, device)
         models[path] = model.eval(), checkpoint
     (first_path, (_, first)), *others = models.items()
     for path, (_, checkpoint) in others:
@@ -411,5 +410,5 @@ if __name__ == '__main__':
     run_args = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
     globals().update(configure({k: globals()[k] for k in config_keys},
                                [a for a in sys.argv[1:] if a not in run_args], script=__file__))
-    device = pick_device(device)
+    device = support.pick_device(device)
     main(run_args)

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 import support
 from configurator import configure
-from model import GPT, VARIANTS, GPTConfig, pick_device, pick_dtype
+from model import GPT, VARIANTS, GPTConfig
 
 # -----------------------------------------------------------------------------
 shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' or '468m': see SHAPES
@@ -196,11 +196,11 @@ def check_node():
         raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
                          "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
                          "with a tiny shape (docs/training.md, 'Checking a node')")
-    kind = pick_device(device).split(':')[0]  # each rank takes its own GPU
+    kind = support.pick_device(device).split(':')[0]  # each rank takes its own GPU
     if kind not in ('cuda', 'cpu'):
         raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try "
                          f"it, on the CPU (gloo)")
-    precision = pick_dtype(dtype, kind)
+    precision = support.pick_dtype(dtype, kind)
     gpus = torch.cuda.device_count() if kind == 'cuda' else 0
     ranks = nproc or gpus or 1
     if gpus and not torch.distributed.is_nccl_available():
@@ -319,9 +319,9 @@ if loop_rounds and len(set(loop_iters)) < 2:
     raise SystemExit(f"bench.py: loop_iters={loop_iters}; give two different lengths, e.g. (100, 200)")
 if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or '.'):  # now, not after the whole benchmark
     raise SystemExit(f"bench.py: out={out!r}; name a file in an existing folder")
-device = pick_device(device)
+device = support.pick_device(device)
 device_type = device.split(':')[0]
-dtype = pick_dtype(dtype, device_type)
+dtype = support.pick_dtype(dtype, device_type)
 ptdtype = getattr(torch, dtype)
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=ptdtype)
 if device_type == 'cuda':

@@ -86,7 +86,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import support
-from model import load_checkpoint, pick_device, pick_dtype
 from prepare import CHAR_SEPARATOR, load_tokenizer
 
 
@@ -101,10 +100,10 @@ class ValueResidualLM(TemplateLM):
                  max_gen_toks=256):
         # max_batch_size: simple_evaluate hands it to every model; batches here are always batch_size
         super().__init__()
-        device = pick_device(device)
+        device = support.pick_device(device)
         device_type = device.split(':')[0]
-        dtype = pick_dtype(dtype, device_type)
-        self.model, ckpt = load_checkpoint(support.checkpoint_path(checkpoint), device)
+        dtype = support.pick_dtype(dtype, device_type)
+        self.model, ckpt = support.load_checkpoint(checkpoint, device)
         self.model.eval()
         self.tokenizer = load_tokenizer(ckpt['data_meta'])
         self.vocab_size = self.tokenizer.vocab_size

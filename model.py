@@ -15,13 +15,11 @@ Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, 
 layer 1 and hands it to every later layer, and the λ table. Then, off that path: AblationAttention (the
 paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, value embeddings and the bank of
 values); the building blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config
-checks; checkpoint loading.
+checks.
 Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
 import math
-import os
-import re
 from collections import namedtuple
 from dataclasses import dataclass, fields
 
@@ -33,6 +31,7 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
+    # --- architecture: a Llama-style decoder, the paper's
     block_size: int = 1024
     """Longest sequence the model sees: the size of the RoPE table and of a full KV cache."""
     vocab_size: int = 50304
@@ -55,6 +54,7 @@ class GPTConfig:
     """Dropout on attention probabilities and residual branches (the paper uses 0)."""
     tie_embeddings: bool = False
     """Share the input embedding with the LM head (the paper keeps them untied)."""
+    # --- the paper's value residual
     variant: str = 'custom'
     """A name from VARIANTS that sets the flags below, or 'custom' to set them yourself."""
     value_residual: bool = False
@@ -68,6 +68,7 @@ class GPTConfig:
     λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
     value_rescale: bool = False
     """Post-residual rescaling, our reading of the paper: use V'_n / (λ_{n,1} + λ_{n,2})."""
+    # --- the paper's Sec. 4.4 ablations: what is mixed, from where, and through which attention
     residual_source: int = 0
     """The 0-based layer later layers take the residual from (Sec. 4.4): 0 = V1 (the paper), 1 = V2.
     Layers up to it are unchanged. With residual_type='hidden' it names the layer whose *input* is
@@ -87,6 +88,7 @@ class GPTConfig:
     h0_residual: bool = True
     """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
     drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
+    # --- the paper's baselines
     neutreno_lambda: float = 0.0
     """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off.
     Needs n_kv_head = n_head."""
@@ -94,6 +96,7 @@ class GPTConfig:
     """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
+    # --- outside the paper: other context-free values (each depends on the token alone, as V1 does)
     value_embeds: bool = False
     """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
     adds a token embedding table (vocab x kv_dim) to its values, gated per KV head. Not in the paper."""
@@ -149,6 +152,18 @@ class GPTConfig:
             or self.in_value_bank(layer))
 
 
+# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
+# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
+# out, U = attn·v before W_O.
+Heads = namedtuple('Heads', 'q k v attn out')
+
+
+def newest(t, T):
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones. In
+    training T_k = T, and a slice would still cost a zero-filled copy in the backward pass: none is taken."""
+    return t if t.size(2) == T else t[:, :, -T:]
+
+
 class CausalSelfAttention(nn.Module):
     """The paper's attention for one layer: vanilla, ResFormer or SVFormer, with or without a KV cache."""
 
@@ -167,9 +182,10 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(d, d, bias=False)                                    # W_O
 
     def forward(self, x, rope, lam, v1, kv_cache):
-        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: layer 1's
-        values (B, H_kv, T_k, hd), every cached position included (None in layer 1 itself); kv_cache: a
-        KVCache to continue from and write to, or None."""
+        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: the
+        residual's source values (B, H_kv, T_k, hd), every cached position included: layer 1's V1, or V2
+        under residual_source=1 (None up to the source layer); kv_cache: a KVCache to continue from and write
+        to, or None."""
         T = x.size(1)
         q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
         k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
@@ -201,18 +217,6 @@ class CausalSelfAttention(nn.Module):
         """U (B, H, T, hd) -> its heads side by side through W_O, (B, T, C)."""
         B, H, T, hd = y.shape
         return F.dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * hd)), self.dropout, self.training)
-
-
-# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
-# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
-# out, U = attn·v before W_O.
-Heads = namedtuple('Heads', 'q k v attn out')
-
-
-def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones. In
-    training T_k = T, and a slice would still cost a zero-filled copy in the backward pass: none is taken."""
-    return t if t.size(2) == T else t[:, :, -T:]
 
 
 class Block(nn.Module):
@@ -913,82 +917,3 @@ def check_flags(cfg, need):
          "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
     need(not cfg.value_rescale or all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),
          "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
-
-
-def load_checkpoint(path, device='cpu'):
-    """(model, checkpoint) from a checkpoint of train.py; a missing or damaged file exits with one line. The
-    scripts pass path through support.checkpoint_path first (pipes refused), so model.py needs only torch."""
-    try:
-        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
-        # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
-        # which cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
-        checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
-    except FileNotFoundError:
-        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
-    except OSError as e:  # a folder or file without read permission, an I/O error
-        raise SystemExit(f"checkpoint {path} is unreadable ({(e.strerror or str(e)).lower()}); check its "
-                         f"permissions or point to another checkpoint") from None
-    except Exception:  # truncated, or not written by torch.save
-        # never retry with weights_only=False: it runs code
-        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "
-                         f"train.py; re-train or point to another checkpoint") from None
-    if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
-        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
-                         "(no model or model_args)")
-    if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
-        raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
-                         "point to a checkpoint written by train.py")
-    try:
-        model = GPT(GPTConfig(**checkpoint['model_args']))
-        # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
-        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v
-                               for k, v in checkpoint['model'].items()})
-    except Exception as e:  # weights or settings that do not fit this version of the model
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); "
-                         "re-train or point to another checkpoint") from None
-    return model.to(device), checkpoint
-
-
-def pick_device(device, needs_gpu=None):
-    """'auto' means cuda, else cpu (mps only by name); a device this torch cannot use exits with one line.
-    needs_gpu: why the job is too big for a CPU (train.py's full-scale runs), so that 'auto' stops rather than
-    fall back to one: a CUDA wheel the driver is too old for looks like a machine without a GPU."""
-    if device == 'auto':
-        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may be faster
-        if torch.cuda.is_available():
-            return 'cuda'
-        if needs_gpu:
-            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise SystemExit(f"device='auto' found no usable GPU (torch {torch.__version__}, {build}), and "
-                             f"{needs_gpu}; install a torch whose CUDA the driver supports (nvidia-smi "
-                             f"names the newest), or run on the CPU anyway with --device=cpu")
-        return 'cpu'
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        parsed = None
-    if parsed is None or parsed.type not in ('cpu', 'cuda', 'mps'):
-        raise SystemExit(f"device={device!r}; use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'")
-    if parsed.type == 'cuda' and (parsed.index or 0) >= torch.cuda.device_count():
-        have = f"only {torch.cuda.device_count()} GPU(s) are" if torch.cuda.is_available() \
-            else "no CUDA GPU is"
-        raise SystemExit(f"device={device!r}, but {have} available; use device='auto' or 'cpu'")
-    if parsed.type == 'mps' and not torch.backends.mps.is_available():
-        raise SystemExit(f"device={device!r}, but MPS is not available here; use device='auto' or 'cpu'")
-    return device
-
-
-def pick_dtype(dtype, device_type):
-    """'auto' means bfloat16 on GPUs that have it, else float16 on CUDA, else float32 (CPU autocast does bf16
-    only, which is slower than fp32 on most CPUs).
-    An unknown name, or float16 off CUDA, exits with one line."""
-    if dtype == 'auto':
-        if device_type == 'cuda':
-            return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-        return 'float32'
-    if dtype not in ('float32', 'bfloat16', 'float16'):
-        raise SystemExit(f"dtype={dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'")
-    if dtype == 'float16' and device_type != 'cuda':
-        raise SystemExit(f"float16 autocast needs CUDA, not {device_type}; use dtype='bfloat16' or 'float32'")
-    return dtype

@@ -20,7 +20,6 @@ import torch
 
 import support
 from configurator import configure
-from model import load_checkpoint, pick_device, pick_dtype
 from prepare import load_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -57,15 +56,15 @@ if top_k < 1:
                      f"(a large value such as 50304 keeps all)")
 if not 0 <= seed < 2 ** 64:
     raise SystemExit(f"sample.py: seed={seed}; use an integer from 0 to 2**64 - 1")
-device = pick_device(device)
+device = support.pick_device(device)
 device_type = device.split(':')[0]
-dtype = pick_dtype(dtype, device_type)
+dtype = support.pick_dtype(dtype, device_type)
 torch.manual_seed(seed)
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 
 path = os.path.join(out_dir, ckpt)
-model, checkpoint = load_checkpoint(support.checkpoint_path(path), device)
+model, checkpoint = support.load_checkpoint(path, device)
 if not all(p.isfinite().all() for p in model.parameters()):
     raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
                      "sample from another checkpoint, e.g. --ckpt=best.pt")

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import stat
 
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
@@ -127,10 +128,88 @@ def refuse_pipe(path, what, fix):
                          f"writer); {fix}")
 
 
-def checkpoint_path(path):
-    """path, once refuse_pipe has passed it as a checkpoint: what the scripts hand model.load_checkpoint."""
+def load_checkpoint(path, device='cpu'):
+    """(model, checkpoint) from a checkpoint of train.py; a missing, damaged or piped file exits with one
+    line."""
+    import torch  # here and below: only the scripts that train, sample or evaluate get here
+    from model import GPT, GPTConfig
     refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
-    return path
+    try:
+        # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
+        # 20 GB with its optimizer state) share one copy in host memory instead of holding 8. Not on Windows,
+        # which cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
+    except FileNotFoundError:
+        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
+    except OSError as e:  # a folder or file without read permission, an I/O error
+        raise SystemExit(f"checkpoint {path} is unreadable ({(e.strerror or str(e)).lower()}); check its "
+                         f"permissions or point to another checkpoint") from None
+    except Exception:  # truncated, or not written by torch.save
+        # never retry with weights_only=False: it runs code
+        raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "
+                         f"train.py; re-train or point to another checkpoint") from None
+    if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
+        raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
+                         "(no model or model_args)")
+    if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
+        raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
+                         "point to a checkpoint written by train.py")
+    try:
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+        # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
+        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v
+                               for k, v in checkpoint['model'].items()})
+    except Exception as e:  # weights or settings that do not fit this version of the model
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); "
+                         "re-train or point to another checkpoint") from None
+    return model.to(device), checkpoint
+
+
+def pick_device(device, needs_gpu=None):
+    """'auto' means cuda, else cpu (mps only by name); a device this torch cannot use exits with one line.
+    needs_gpu: why the job is too big for a CPU (train.py's full-scale runs), so that 'auto' stops rather than
+    fall back to one: a CUDA wheel the driver is too old for looks like a machine without a GPU."""
+    import torch
+    if device == 'auto':
+        # mps only when asked (as nanoGPT): no test runs there, and at this size a Mac's CPU may be faster
+        if torch.cuda.is_available():
+            return 'cuda'
+        if needs_gpu:
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise SystemExit(f"device='auto' found no usable GPU (torch {torch.__version__}, {build}), and "
+                             f"{needs_gpu}; install a torch whose CUDA the driver supports (nvidia-smi "
+                             f"names the newest), or run on the CPU anyway with --device=cpu")
+        return 'cpu'
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ('cpu', 'cuda', 'mps'):
+        raise SystemExit(f"device={device!r}; use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'")
+    if parsed.type == 'cuda' and (parsed.index or 0) >= torch.cuda.device_count():
+        have = f"only {torch.cuda.device_count()} GPU(s) are" if torch.cuda.is_available() \
+            else "no CUDA GPU is"
+        raise SystemExit(f"device={device!r}, but {have} available; use device='auto' or 'cpu'")
+    if parsed.type == 'mps' and not torch.backends.mps.is_available():
+        raise SystemExit(f"device={device!r}, but MPS is not available here; use device='auto' or 'cpu'")
+    return device
+
+
+def pick_dtype(dtype, device_type):
+    """'auto' means bfloat16 on GPUs that have it, else float16 on CUDA, else float32 (CPU autocast does bf16
+    only, which is slower than fp32 on most CPUs).
+    An unknown name, or float16 off CUDA, exits with one line."""
+    import torch
+    if dtype == 'auto':
+        if device_type == 'cuda':
+            return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+        return 'float32'
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise SystemExit(f"dtype={dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'")
+    if dtype == 'float16' and device_type != 'cuda':
+        raise SystemExit(f"float16 autocast needs CUDA, not {device_type}; use dtype='bfloat16' or 'float32'")
+    return dtype
 
 
 def memory_bytes(device):

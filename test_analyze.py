@@ -21,7 +21,8 @@ import prepare
 
 from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
                      sublayer_losses, token_norms)
-from model import GPT, GPTConfig, load_checkpoint
+from model import GPT, GPTConfig
+from support import load_checkpoint
 from test_sample import TINY, in_folder, one_thread, train_tiny_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -359,7 +360,7 @@ def test_data_prepared_by_an_older_prepare_py(runs, tmp_path):
     one_line_error(analyze(tmp_path, 'old.pt'), 'has no val_doc_starts', '--windows=mid_text')
 
 
-# pick_device (model.py) turns these into one line; until
+# pick_device (support.py) turns these into one line; until
 # that fix is in this branch, these fail with a traceback
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):

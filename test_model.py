@@ -21,7 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig, load_checkpoint
+from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig
+from support import load_checkpoint
 
 # tiny tensors: extra threads only add synchronisation (100x slower on a busy machine)
 torch.set_num_threads(1)

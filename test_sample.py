@@ -220,7 +220,7 @@ def test_command_line(runs):
     assert len(overrides) == 5 and all(line.startswith('Overriding: ') for line in overrides)
 
 
-# pick_device (model.py) turns these into one line; until
+# pick_device (support.py) turns these into one line; until
 # that fix is in this branch, these fail with a traceback
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):

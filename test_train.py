@@ -25,7 +25,8 @@ import torch
 import support
 import train_support
 from configurator import configure
-from model import GPT, VARIANTS, GPTConfig, load_checkpoint
+from model import GPT, VARIANTS, GPTConfig
+from support import load_checkpoint
 from test_sample import in_folder
 
 REPO = Path(__file__).resolve().parent

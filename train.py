@@ -31,7 +31,7 @@ from tqdm import tqdm
 import support
 import train_support
 from configurator import configure
-from model import GPT, GPTConfig, load_checkpoint, pick_device, pick_dtype
+from model import GPT, GPTConfig
 from prepare import load_meta, open_split, open_val_domains, prepare_command
 
 # -----------------------------------------------------------------------------
@@ -138,14 +138,15 @@ ddp = 'RANK' in os.environ
 ddp_rank, ddp_local_rank, ddp_world_size = (
     (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1))
 master_process = ddp_rank == 0
-device = pick_device(device, None if eval_only else train_support.needs_gpu(model_config, block_size,
-                                                                           tokens_per_iter * max_iters))
+too_big_for_cpu = None if eval_only else train_support.needs_gpu(model_config, block_size,
+                                                                 tokens_per_iter * max_iters)
+device = support.pick_device(device, too_big_for_cpu)
 if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 if device_type == 'cuda':  # before anything touches CUDA, or every rank's context opens on GPU 0 as well
     torch.cuda.set_device(device)
-ptdtype = pick_dtype(dtype, device_type)
+ptdtype = support.pick_dtype(dtype, device_type)
 train_support.check_model_fits(model_config, device, training=not eval_only)
 run = train_support.RunFolder(out_dir, writes=master_process and not eval_only, wandb=wandb)
 if not eval_only:  # the only run that writes nothing
@@ -282,7 +283,7 @@ rank_val_pieces, rank_full_val_pieces = rank_pieces(val_sets), rank_pieces(full_
 # model: from scratch, or the architecture, weights and optimizer state of out_dir/ckpt.pt
 iter_num, best_val_loss, last_eval = 0, float('inf'), None
 if init_from == 'resume':
-    raw_model, saved = load_checkpoint(support.checkpoint_path(run.ckpt_path))
+    raw_model, saved = support.load_checkpoint(run.ckpt_path)
     train_support.check_resume(saved, run.ckpt_path, raw_model.config, model_config, config, data_meta,
                                eval_only)
     iter_num = run.saved_step = saved['iter_num']
