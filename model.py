@@ -254,15 +254,9 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.store_lambdas(config)
-        # Off the paper's path, DenseFormer's weights α (see between_blocks), value embeddings' tables and
-        # the bank of values' tables
+        # Off the paper's path, DenseFormer's weights α (see between_blocks)
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
                                     for i in range(L)) if config.denseformer else None
-        kv_dim = config.n_kv_head * (config.n_embd // config.n_head)
-        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
-                                           if config.has_value_embed(i)})
-        self.value_bank = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in range(L)
-                                         if config.in_value_bank(i)})
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -274,22 +268,16 @@ class GPT(nn.Module):
         for slot, attn in enumerate(a for a in attns if a.c_v is not None):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns),
-                         int(len(self.value_bank) > 0))
-        for module in self.modules():  # the paper's (Hugging Face Llama's) init
+                         int(config.value_bank))
+        # the paper's (Hugging Face Llama's) init; the layers' token tables last, in layer order, as drawn
+        # when GPT held them (the same weights from the same seed)
+        tables = self.token_tables()
+        for module in sorted(self.modules(), key=lambda m: m in tables):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        for i in self.value_embeds:  # nanochat starts the value-embedding gates a little above 3σ(0) = 1.5
-            nn.init.uniform_(self.blocks[int(i)].attn.ve_gate.weight, 0.0, 0.02)
-        # BoV's init: row t of a bank layer's table is RMSNorm(wte[t]) W_V^T, the values a layer would compute
-        # from the token embedding alone. BoV takes W_V from the layer's own freshly initialised value
-        # projection, which it then leaves unused; our bank layers have none, so each draws one with the init
-        # every projection gets (normal, std 0.02), in layer order, and drops it. Our norms start with gain 1,
-        # so at step 0 a bank layer's values are exactly x0 W_V.
-        with torch.no_grad():
-            x0 = F.rms_norm(self.wte.weight, (config.n_embd,), eps=config.norm_eps)
-            for table in self.value_bank.values():
-                w_v = x0.new_empty(table.embedding_dim, config.n_embd).normal_(mean=0.0, std=0.02)
-                table.weight.copy_(x0 @ w_v.T)
+        for attn in attns:
+            if isinstance(attn, AblationAttention):
+                attn.init_tables(self.wte.weight, config.norm_eps)
 
     def store_lambdas(self, config):
         """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
@@ -345,7 +333,7 @@ class GPT(nn.Module):
         v_sum = 0  # the identity mapping (Eqn. 6): every earlier layer's values at the new positions, summed
         kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         # the token ids of every position attended over, cached ones included: a bank of values' values
-        tokens = idx if kv_cache is None or not self.value_bank else kv_cache.store_tokens(idx)
+        tokens = idx if kv_cache is None or not self.config.value_bank else kv_cache.store_tokens(idx)
         for i, block in enumerate(self.blocks):
             x = self.between_blocks(i, x, prev, kept, stats)
             inputs = self.ablation_inputs(i, idx, tokens, source, prev, v_sum)
@@ -386,13 +374,18 @@ class GPT(nn.Module):
 
     def ablation_inputs(self, i, idx, tokens, source, prev, v_sum):
         """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
-        the previous layer's (for CLA), its value embedding of the new tokens idx, its bank's rows for every
-        position in tokens, the sum of the earlier layers' values v_sum. None for the paper's attention."""
+        the previous layer's (for CLA), the new tokens idx and those of every position attended over (for its
+        token tables), the sum of the earlier layers' values v_sum. None for the paper's attention."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
             return None
-        value_embed = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-        bank = self.value_bank[str(i)](tokens) if str(i) in self.value_bank else None
-        return dict(source=source, prev=prev, value_embed=value_embed, bank=bank, v_sum=v_sum)
+        return dict(source=source, prev=prev, idx=idx, tokens=tokens, v_sum=v_sum)
+
+    def token_tables(self):
+        """The layers' token tables (value embeddings, the bank of values), in layer order: lookups, not
+        matmuls."""
+        return [table for block in self.blocks for table in (getattr(block.attn, 'value_embed', None),
+                                                             getattr(block.attn, 'bank', None))
+                if table is not None]
 
     def compile_for_decoding(self):
         """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
@@ -461,8 +454,7 @@ class GPT(nn.Module):
         and the bank of values, which are lookups and cost no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
-            n -= sum(p.numel() for p in self.value_embeds.parameters())
-            n -= sum(p.numel() for p in self.value_bank.parameters())
+            n -= sum(table.weight.numel() for table in self.token_tables())
             n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
         return n
 
@@ -489,7 +481,10 @@ class GPT(nn.Module):
         instead (MuonAndAdamW): the hidden matrices Muon is meant for; the embeddings, the LM head, norms, λ
         and value tables stay with AdamW, as Muon's authors (and nanochat, modded-nanogpt) do."""
         scales = dict(lr_scales)
-        params = {name: p for name, p in self.named_parameters() if p.requires_grad}
+        tables = {id(table.weight) for table in self.token_tables()}
+        # the token tables last, where they were before they moved into their layers: saved states still fit
+        params = {name: p for name, p in sorted(self.named_parameters(), key=lambda np: id(np[1]) in tables)
+                  if p.requires_grad}
         unknown = sorted(set(scales) - set(params))
         if unknown:
             raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
@@ -569,25 +564,42 @@ class AblationAttention(nn.Module):
         self.mixes = config.mixes(layer)  # 'query', 'key', 'attention' or 'value' (then see self.mapping)
         self.mapping = config.value_mapping if self.mixes == 'value' else None
         self.takes_v1, self.svformer = config.takes_v1(layer), config.is_svformer_layer(layer)
-        self.shares_v, self.bank = config.shares_prev(layer, 'v'), config.in_value_bank(layer)
+        self.shares_v = config.shares_prev(layer, 'v')
         self.explicit_softmax = config.explicit_softmax(layer)
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0
         self.layer = layer  # the identity mapping averages the values of the `layer` layers before this one
         self.c_q = nn.Linear(d, d, bias=False)
         self.c_k = None if config.shares_prev(layer, 'k') else nn.Linear(d, kv_dim, bias=False)
-        self.c_v = None if self.svformer or self.shares_v or self.bank else nn.Linear(d, kv_dim, bias=False)
+        in_bank = config.in_value_bank(layer)
+        self.c_v = None if self.svformer or self.shares_v or in_bank else nn.Linear(d, kv_dim, bias=False)
         self.c_proj = nn.Linear(d, d, bias=False)
-        # value embeddings: the gate reads the first 12 channels of the layer's input, as nanochat's does
-        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) \
-            if config.has_value_embed(layer) else None
-        self.gamma_v = nn.Parameter(torch.ones(1)) if self.bank else None  # BoV's scale of the layer's table
+        # value embeddings: a token table, gated by the first 12 channels of the layer's input (nanochat's)
+        embeds = config.has_value_embed(layer)
+        self.value_embed = nn.Embedding(config.vocab_size, kv_dim) if embeds else None
+        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) if embeds else None
+        # the bank of values: the layer's own token table, and BoV's learned scale of it
+        self.bank = nn.Embedding(config.vocab_size, kv_dim) if in_bank else None
+        self.gamma_v = nn.Parameter(torch.ones(1)) if in_bank else None
 
-    def forward(self, x, rope, lam, v1, kv_cache, source, prev, value_embed, bank, v_sum):
+    @torch.no_grad()
+    def init_tables(self, wte, eps):
+        """After GPT's init: nanochat starts the value-embedding gate a little above 3σ(0) = 1.5. BoV starts
+        row t of a bank table at RMSNorm(wte[t]) W_V^T, the values the layer would compute from the token
+        embedding alone, with W_V the layer's own freshly initialised value projection, which it then leaves
+        unused; a bank layer here has none, so it draws one with the init every projection gets (normal, std
+        0.02) and drops it. Our norms start with gain 1, so at step 0 its values are exactly x0 W_V."""
+        if self.ve_gate is not None:
+            nn.init.uniform_(self.ve_gate.weight, 0.0, 0.02)
+        if self.bank is not None:
+            x0 = F.rms_norm(wte, (wte.size(1),), eps=eps)
+            w_v = x0.new_empty(self.bank.embedding_dim, wte.size(1)).normal_(mean=0.0, std=0.02)
+            self.bank.weight.copy_(x0 @ w_v.T)
+
+    def forward(self, x, rope, lam, v1, kv_cache, source, prev, idx, tokens, v_sum):
         """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
-        and of the previous layer; value_embed: the layer's value embedding of the new tokens (B, T, kv_dim);
-        bank: its bank's rows for every position attended over (B, T_k, kv_dim); each None if not used.
-        v_sum: for the identity mapping, the values of every earlier layer at the new positions, summed
-        (B, H_kv, T, hd)."""
+        and of the previous layer; idx: the new tokens (B, T); tokens: those of every position attended over
+        (B, T_k); v_sum: for the identity mapping, the values of every earlier layer at the new positions,
+        summed (B, H_kv, T, hd)."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
@@ -604,17 +616,17 @@ class AblationAttention(nn.Module):
             v = prev.v  # CLA / share-V: the previous layer's values
         elif self.svformer:
             v = lam[0] * v1
-        elif self.bank:
+        elif self.bank is not None:
             # Bank of Values: V_n = γ_v E_n[token], a function of the token ids alone, so the cache keeps
             # those (GPT.forward) and every position's values are looked up again rather than cached
-            v = self.gamma_v * bank.view(B, -1, self.n_kv_head, self.head_dim).transpose(1, 2)
+            v = self.gamma_v * self.bank(tokens).view(B, -1, self.n_kv_head, self.head_dim).transpose(1, 2)
             if self.takes_v1:  # with ResFormer, V'_n = λ1 V1 + λ2 γ_v E_n[token], V1 over every position
                 v = lam[0] * v1 + lam[1] * v
         else:
             v = self.heads(self.c_v, x)
-            if value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], one gate per KV head
+            if self.value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], gated per KV head
                 gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
-                table = value_embed.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+                table = self.value_embed(idx).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
                 v = v + gate.unsqueeze(-1) * table
             if self.takes_v1:
                 v = lam[0] * newest(v1, T) + lam[1] * v

@@ -156,14 +156,21 @@ def load_checkpoint(path, device='cpu'):
                          "point to a checkpoint written by train.py")
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
-        # a state_dict saved from a torch.compile'd or DDP-wrapped model has prefixed names; ours never does
-        model.load_state_dict({re.sub(r'^(module\.|_orig_mod\.)+', '', k): v
-                               for k, v in checkpoint['model'].items()})
+        model.load_state_dict({current_name(k): v for k, v in checkpoint['model'].items()})
     except Exception as e:  # weights or settings that do not fit this version of the model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); "
                          "re-train or point to another checkpoint") from None
     return model.to(device), checkpoint
+
+
+def current_name(key):
+    """A saved weight's name in today's model: without the prefixes of a torch.compile'd or DDP-wrapped
+    model (ours never saves them), and a token table's of before it moved into its layer renamed
+    (value_embeds.3.weight: blocks.3.attn.value_embed.weight; value_bank.5.weight: ...attn.bank.weight)."""
+    key = re.sub(r'^(module\.|_orig_mod\.)+', '', key)
+    key = re.sub(r'^value_embeds\.(\d+)\.', r'blocks.\1.attn.value_embed.', key)
+    return re.sub(r'^value_bank\.(\d+)\.', r'blocks.\1.attn.bank.', key)
 
 
 def pick_device(device, needs_gpu=None):

@@ -190,16 +190,16 @@ def naive_forward(state, cfg, idx):
             K, K_raw = K_prev, None
         # values: V'_n = λ1·V_s + λ2·V_n per KV head (optionally / (λ1 + λ2));
         # SVFormer layers have no W_V
-        if f'value_bank.{n}.weight' in W:  # a bank of values: V_n = γ_v E_n[token], no W_V
+        if p + 'attn.bank.weight' in W:  # a bank of values: V_n = γ_v E_n[token], no W_V
             assert p + 'attn.c_v.weight' not in W
-            Vn = heads(W[p + 'attn.gamma_v'] * W[f'value_bank.{n}.weight'][idx], H_kv)
+            Vn = heads(W[p + 'attn.gamma_v'] * W[p + 'attn.bank.weight'][idx], H_kv)
             V = (mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current')
                  else Vn)
         elif p + 'attn.c_v.weight' in W:
             Vn = heads(h @ W[p + 'attn.c_v.weight'].T, H_kv)
-            if f'value_embeds.{n}.weight' in W:  # V_n += 3σ(x[:12] W_g) E_n[token], one gate per KV head
+            if p + 'attn.value_embed.weight' in W:  # V_n += 3σ(x[:12] W_g) E_n[token], a gate per KV head
                 gate = 3 * torch.sigmoid(h[..., :12] @ W[p + 'attn.ve_gate.weight'].T)
-                table = heads(W[f'value_embeds.{n}.weight'][idx], H_kv)
+                table = heads(W[p + 'attn.value_embed.weight'][idx], H_kv)
                 Vn = [v + gate[..., j:j + 1] * e for j, (v, e) in enumerate(zip(Vn, table))]
             V = (mix(lam, src['V'], Vn) if (mixing and kind == 'value' and cfg.value_mapping == 'current')
                  else Vn)
@@ -610,7 +610,8 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
     torch.manual_seed(0)
     model = GPT(tiny_config(variant='resformer_identity', n_kv_head=2, value_embeds=True))
     plain, kv_dim = GPT(tiny_config(variant='resformer_identity', n_kv_head=2)), 2 * 8
-    assert sorted(model.value_embeds) == ['1', '3']
+    tables = [i for i, b in enumerate(model.blocks) if getattr(b.attn, 'value_embed', None) is not None]
+    assert tables == [1, 3]
     assert model.num_params() - plain.num_params() == 2 * (64 * kv_dim + 12 * 2)
     assert model.num_params(exclude_embedding=True) == plain.num_params(exclude_embedding=True) + 2 * 12 * 2
     gates = [b.attn.ve_gate.weight for b in model.blocks if getattr(b.attn, 've_gate', None) is not None]
@@ -619,7 +620,7 @@ def test_value_embeds_off_is_exactly_the_model_before_and_on_adds_tables_and_gat
     idx = random_tokens(model)
     before_zero = logits_of(model, idx)
     with torch.no_grad():
-        model.value_embeds['3'].weight.zero_()
+        model.blocks[3].attn.value_embed.weight.zero_()
     assert (logits_of(model, idx) - before_zero).abs().max() > 1e-6
 
 
@@ -632,9 +633,9 @@ def test_value_bank_is_the_last_third_and_replaces_w_v_there(n_layer, bank):
     Each has its own vocab x kv_dim table and one γ_v and no W_V; every other layer keeps its W_V."""
     with torch.device('meta'):
         model = GPT(tiny_config(n_layer=n_layer, value_bank=True, n_kv_head=2))
-    assert sorted(map(int, model.value_bank)) == bank
+    assert [i for i, b in enumerate(model.blocks) if getattr(b.attn, 'bank', None) is not None] == bank
     assert [i for i, block in enumerate(model.blocks) if block.attn.c_v is None] == bank
-    assert all(model.value_bank[str(i)].weight.shape == (64, 16) for i in bank)
+    assert all(model.blocks[i].attn.bank.weight.shape == (64, 16) for i in bank)
     assert [i for i, block in enumerate(model.blocks)
             if getattr(block.attn, 'gamma_v', None) is not None] == bank
 
@@ -645,7 +646,7 @@ def test_value_bank_parameter_count_is_the_formula(kw):
     as lookups, its tables are left out with the embedding."""
     plain, bank = GPT(tiny_config(**kw)), GPT(tiny_config(value_bank=True, **kw))
     cfg = bank.config
-    n_bank, d, kv_dim = len(bank.value_bank), cfg.n_embd, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
+    n_bank, d, kv_dim = len(bank.token_tables()), cfg.n_embd, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
     assert n_bank == cfg.n_layer - (2 * cfg.n_layer) // 3
     assert bank.num_params() == plain.num_params() + n_bank * (cfg.vocab_size * kv_dim + 1 - d * kv_dim)
     assert (bank.num_params(exclude_embedding=True)
@@ -665,14 +666,16 @@ def test_value_bank_off_is_the_model_before_and_on_starts_as_values_of_the_token
     wte = model.wte.weight.detach().double()
     normed = F.rms_norm(wte, (32,), eps=model.config.norm_eps)
     fitted = []
-    for i, table in model.value_bank.items():
-        table = table.weight.detach().double()
+    for i, block in enumerate(model.blocks):
+        if getattr(block.attn, 'bank', None) is None:
+            continue
+        table = block.attn.bank.weight.detach().double()
         w_v_t = torch.linalg.lstsq(normed, table).solution  # (d, kv_dim)
         assert (normed @ w_v_t - table).norm() < 1e-5 * table.norm()
         assert abs(w_v_t.std().item() - 0.02) < 0.002
         raw = torch.linalg.lstsq(wte, table).solution
         assert (wte @ raw - table).norm() > 1e-2 * table.norm()
-        assert model.blocks[int(i)].attn.gamma_v.item() == 1.0
+        assert block.attn.gamma_v.item() == 1.0
         fitted.append(w_v_t)
     assert (fitted[0] - fitted[1]).abs().max() > 1e-2
 
@@ -776,7 +779,7 @@ def test_configure_optimizers_decay_groups(kw):
     assert len(grouped) == len(set(grouped))
     decayed = {id(p) for p in decay['params']}
     for name, p in trainable(model):
-        is_matrix = name.endswith(('wte.weight', 'lm_head.weight')) or name.startswith('value_bank.') or any(
+        is_matrix = name.endswith(('wte.weight', 'lm_head.weight', 'attn.bank.weight')) or any(
             s in name for s in ('.c_q.', '.c_k.', '.c_v.', '.c_proj.', '.c_gate.', '.c_up.', '.c_down.'))
         assert (id(p) in decayed) == is_matrix, name
         if 'norm' in name or 'lambda' in name or name.startswith('dwa.') or name.endswith('gamma_v'):
@@ -1063,6 +1066,25 @@ def test_load_checkpoint_strips_compile_and_ddp_prefixes(tmp_path):
     loaded, _ = load_checkpoint(str(path))
     idx = random_tokens(model)
     assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
+
+@pytest.mark.parametrize('table, old_name', [('value_embeds', 'value_embeds.{i}.weight'),
+                                              ('value_bank', 'value_bank.{i}.weight')])
+def test_a_checkpoint_from_before_the_token_tables_moved_into_their_layers_loads(tmp_path, table, old_name):
+    """Value embeddings' and the bank's tables were GPT's (value_embeds.3.weight); they are their layers' now
+    (blocks.3.attn.value_embed.weight, blocks.3.attn.bank.weight), and old checkpoints load under the new
+    names."""
+    model = tiny_model(variant='resformer_identity', dtype=torch.float32, **{table: True})
+    old = {}
+    for k, v in model.state_dict().items():
+        layer, _, rest = k.removeprefix('blocks.').partition('.attn.')
+        old[old_name.format(i=layer) if rest in ('value_embed.weight', 'bank.weight') else k] = v
+    assert any(k.startswith(table + '.') for k in old)
+    path = tmp_path / 'old.pt'
+    torch.save({'model': old, 'model_args': dataclasses.asdict(model.config), 'data_meta': {}}, path)
+    loaded, _ = load_checkpoint(str(path))
+    idx = random_tokens(model)
+    assert torch.equal(logits_of(loaded.eval(), idx), logits_of(model, idx))
+
 
 def test_load_checkpoint_messages_give_no_unsafe_or_foreign_advice(tmp_path):
     """Random bytes: 'not a checkpoint written by train.py', never torch's weights_only=False advice (which
