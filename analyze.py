@@ -189,12 +189,8 @@ def load_models(run_args):
 
 
 def mean_domain_losses(checkpoints):
-    """{domain: loss}, the mean over checkpoints of train.py's last per-domain validation (SlimPajama's 7
-    domains, whose unweighted mean is val_loss, the paper's); None unless every checkpoint has one."""
-    scored = [c.get('last_eval', {}).get('val_loss_domains') for c in checkpoints]
-    if not scored or not all(scored):
-        return None
-    return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
+    """support.mean_domain_losses of the checkpoints' last per-domain validation (train.py's)."""
+    return support.mean_domain_losses([c.get('last_eval', {}).get('val_loss_domains') for c in checkpoints])
 
 
 def vocabulary(meta):

@@ -624,14 +624,13 @@ def lambda_rows(groups):
 
 def domain_rows(groups):
     """Each group's final validation loss per domain (SlimPajama: the paper reports their unweighted mean,
-    val_loss), mean over seeds; nothing for single-corpus runs."""
+    val_loss), mean over seeds; no row for a group unless each of its runs has them (one-corpus runs do not)."""
     rows, domains = [], None
     for label, group in groups.items():
-        scored = [r['final_val_loss_domains'] for r in group['runs'] if r.get('final_val_loss_domains')]
-        if scored:
-            domains = domains or sorted(scored[0])
-            rows.append(f"| {label} | " + ' | '.join(f"{sum(s[d] for s in scored) / len(scored):.4f}"
-                                                   for d in domains) + ' |')
+        means = support.mean_domain_losses([r.get('final_val_loss_domains') for r in group['runs']])
+        if means:
+            domains = domains or list(means)
+            rows.append(f"| {label} | " + ' | '.join(f"{means[d]:.4f}" for d in domains) + ' |')
     if not rows:
         return []
     return ['', "Final validation loss per domain, mean over seeds (the table's loss is their unweighted "

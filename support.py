@@ -1,7 +1,8 @@
 """
 Machinery the scripts share, the same on Linux, macOS and Windows: a lock that keeps one writer per folder,
 argparse that reports a bad argument in one line, the rule that no script opens a pipe to read it whole, the
-check that a job fits in its device's memory, and the GPUs' peak FLOP/s that MFU compares against.
+check that a job fits in its device's memory, the GPUs' peak FLOP/s that MFU compares against, and the rule
+for averaging runs' per-domain validation losses.
 """
 import argparse
 import contextlib
@@ -240,3 +241,12 @@ def check_fits(needed, device, what, fix):
         kind = 'free on' if device.startswith('cuda') else 'of RAM for'
         raise SystemExit(f"{what} needs at least {needed / 1e9:,.3g} GB: it does not fit in the "
                          f"{have / 1e9:,.3g} GB {kind} {device}; {fix}")
+
+
+def mean_domain_losses(scored):
+    """{domain: mean loss} over runs' per-domain validation losses (SlimPajama's 7 domains, whose unweighted
+    mean is val_loss), one {domain: loss} or None per run; None unless every run has them, so that the means
+    cover the same runs as the mean val_loss beside them."""
+    if not scored or not all(scored):
+        return None
+    return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}

@@ -1,13 +1,10 @@
 """analyze.py: its metrics on hand-built matrices,
 and runs on tiny checkpoints of data prepared by prepare.py."""
-import contextlib
 import copy
 import csv
-import io
 import json
 import math
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -23,7 +20,8 @@ from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, 
                      sublayer_losses, token_norms)
 from model import GPT, GPTConfig
 from support import load_checkpoint
-from test_sample import TINY, in_folder, one_thread, train_tiny_checkpoint
+from test_sample import TINY, one_thread, train_tiny_checkpoint
+from testing import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 T = 6
@@ -203,20 +201,8 @@ def analyze_cli(runs, *args):
 def analyze(runs, *args):
     """analyze.py run in this process (fast), in folder runs: what analyze_cli would return. A traceback would
     be an exception here, failing the test."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    returncode = 0
-    with (contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(),
-          in_folder(runs)):
-        sys_argv, sys.argv = sys.argv, [ANALYZE_PY, '--device=cpu', *args]
-        try:
-            runpy.run_path(ANALYZE_PY, run_name='__main__')
-        except SystemExit as exit:  # as Python does: a message goes to stderr with status 1
-            returncode = exit.code if isinstance(exit.code, int) else 1
-            if isinstance(exit.code, str):
-                print(exit.code, file=stderr)
-        finally:
-            sys.argv = sys_argv
-    return subprocess.CompletedProcess(args, returncode, stdout.getvalue(), stderr.getvalue())
+    with one_thread():
+        return run_script(ANALYZE_PY, ['--device=cpu', *args], runs, check=False)
 
 
 def entropies_of(path, windows):

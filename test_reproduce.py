@@ -417,6 +417,7 @@ def test_per_domain_losses_get_a_table_and_single_corpus_runs_none():
     rows = reproduce.domain_rows(groups)
     assert rows[-1] == '| vanilla | 3.2500 | 1.5000 |' and '| group | C4 | Github |' in rows
     assert reproduce.domain_rows({'vanilla': {'runs': [run(None)]}}) == []
+    assert reproduce.domain_rows({'vanilla': {'runs': [*groups['vanilla']['runs'], run(None)]}}) == []
 
 
 def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkeypatch):

@@ -1,10 +1,8 @@
 """sample.py on tiny checkpoints trained here in seconds: in this process (fast),
 and once through the real CLI."""
 import contextlib
-import io
 import os
 import re
-import runpy
 import subprocess
 import sys
 from dataclasses import asdict
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from testing import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
@@ -31,17 +30,6 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-@contextlib.contextmanager
-def in_folder(path):
-    """contextlib.chdir, which needs Python 3.11 (the README promises 3.10)."""
-    cwd = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
 
 
 def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150, text=TEXT, chars=CHARS, seed=0,
@@ -90,19 +78,26 @@ def runs(tmp_path_factory):
     return root
 
 
+def run_sample(out_dir, *args, check=True):
+    """`python sample.py --out_dir=... --device=cpu *args` run from out_dir's parent folder, in this process."""
+    with one_thread():
+        return run_script(SAMPLE_PY, [f'--out_dir={out_dir}', '--device=cpu', *args], os.path.dirname(out_dir),
+                          check)
+
+
 def sample(out_dir, *args):
-    """Run sample.py in this process as `python sample.py --out_dir=... --device=cpu *args`:
-    (stdout, stderr)."""
-    argv = [SAMPLE_PY, f'--out_dir={out_dir}', '--device=cpu', *args]
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), one_thread(), \
-            in_folder(os.path.dirname(out_dir)):
-        sys_argv, sys.argv = sys.argv, argv
-        try:
-            runpy.run_path(SAMPLE_PY, run_name='__main__')
-        finally:
-            sys.argv = sys_argv
-    return stdout.getvalue(), stderr.getvalue()
+    """(stdout, stderr) of a sample.py run that succeeds."""
+    result = run_sample(out_dir, *args)
+    return result.stdout, result.stderr
+
+
+def sample_error(out_dir, *args):
+    """The message a sample.py run exits with, status 1: its stderr holds the message on one line, after
+    configurator's Overriding lines."""
+    result = run_sample(out_dir, *args, check=False)
+    *overrides, message = result.stderr.splitlines()
+    assert result.returncode == 1 and all(line.startswith('Overriding: ') for line in overrides), result.stderr
+    return message
 
 
 def samples_of(stdout):
@@ -193,10 +188,7 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('nan', ['--start=the '], ['nan/ckpt.pt has NaN or infinite weights']),
 ])
 def test_bad_input_exits_with_one_line(runs, run, args, words):
-    with pytest.raises(SystemExit) as exit:
-        sample(runs / run, *args)
-    message = exit.value.code
-    assert isinstance(message, str) and '\n' not in message  # Python prints it on stderr and exits with 1
+    message = sample_error(runs / run, *args)
     assert all(word in message for word in words), message
 
 
@@ -226,10 +218,8 @@ def test_command_line(runs):
 def test_unusable_device_exits_with_one_line(runs, device):
     if device.startswith('cuda') and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
-    with pytest.raises(SystemExit) as exit:
-        sample(runs / 'vanilla', '--start=the ', f'--device={device}')
-    message = exit.value.code
-    assert isinstance(message, str) and '\n' not in message and device in message, message
+    message = sample_error(runs / 'vanilla', '--start=the ', f'--device={device}')
+    assert device in message, message
 
 
 def test_a_prompt_file_that_is_a_pipe_without_a_writer_exits_with_one_line_instead_of_waiting(runs):
@@ -271,7 +261,6 @@ def test_a_checkpoint_without_read_permission_says_so(runs, monkeypatch):
             raise PermissionError(13, 'Permission denied', str(path))
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr(torch.serialization, 'open', refusing_open, raising=False)
-    with pytest.raises(SystemExit) as exit:
-        sample(runs / 'vanilla', '--start=the ')
-    assert exit.value.code == (f"checkpoint {runs / 'vanilla' / 'ckpt.pt'} is unreadable (permission "
-                               f"denied); check its permissions or point to another checkpoint")
+    assert sample_error(runs / 'vanilla', '--start=the ') == (
+        f"checkpoint {runs / 'vanilla' / 'ckpt.pt'} is unreadable (permission denied); check its permissions or "
+        "point to another checkpoint")

@@ -1,5 +1,5 @@
 """Tests for support.py: the lock (one holder, named when refused, freed when its holder is killed) and the
-one-line argparse errors."""
+one-line argparse errors, the mean per-domain losses."""
 
 import errno
 import os
@@ -109,3 +109,11 @@ def test_check_fits_names_what_does_not_fit_in_one_line():
         support.check_fits(10 * have, "cpu", "test.py: a job", "make it smaller")
     assert refused.value.code == (f"test.py: a job needs at least {10 * have / 1e9:,.3g} GB: it does not fit "
                                   f"in the {have / 1e9:,.3g} GB of RAM for cpu; make it smaller")
+
+
+def test_per_domain_losses_average_every_run_or_none():
+    """analyze.py's groups of checkpoints and reproduce.py's groups of runs share the rule: a run without
+    per-domain losses (a single corpus, an older train.py) leaves its group without their means."""
+    scored = [{'Github': 1.0, 'C4': 3.0}, {'C4': 2.0, 'Github': 2.0}]
+    assert list(support.mean_domain_losses(scored).items()) == [('C4', 2.5), ('Github', 1.5)]
+    assert support.mean_domain_losses(scored + [None]) is None and support.mean_domain_losses([]) is None

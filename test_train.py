@@ -2,15 +2,12 @@
 import ast
 import builtins
 import contextlib
-import gc
 import importlib.util
 import inspect
-import io
 import json
 import os
 import random
 import resource
-import runpy
 import signal
 import subprocess
 import sys
@@ -27,7 +24,7 @@ import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
 from support import load_checkpoint
-from test_sample import in_folder
+from testing import run_script
 
 REPO = Path(__file__).resolve().parent
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
@@ -60,24 +57,8 @@ def train(workdir, *args, check=True):
 
 
 def train_here(workdir, args, check=True, script=REPO / 'train.py'):
-    """Run `python train.py args` in this process (without paying for torch's start-up again): its exit code
-    and output as a CompletedProcess."""
-    argv, out, err = sys.argv, io.StringIO(), io.StringIO()
-    sys.argv, code = ['train.py', *map(str, args)], 0
-    try:
-        with in_folder(workdir), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            runpy.run_path(str(script))
-    except SystemExit as stop:  # what the interpreter does with it at exit
-        code = stop.code if isinstance(stop.code, int) else 1
-        if not isinstance(stop.code, int):
-            err.write(f"{stop.code}\n")
-    finally:
-        sys.argv = argv
-        gc.collect()  # the run's globals form a reference cycle: free them, closing its out_dir lock
-    result = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-    if check and code != 0:
-        raise AssertionError(f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
+    """`python train.py args` run from workdir, in this process: a CompletedProcess."""
+    return run_script(script, args, workdir, check)
 
 
 def log(workdir, out_dir, key):
@@ -682,17 +663,14 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
 
 
 @pytest.mark.parametrize('case', BAD_SETTINGS, ids=lambda case: ' '.join(case[0]) or 'no flags')
-def test_bad_settings_are_one_line_errors_that_change_nothing(previous_run, monkeypatch, case):
+def test_bad_settings_are_one_line_errors_that_change_nothing(previous_run, case):
     """Run in this process (no start-up cost): the one line train.py stops with, and not a file touched."""
     args, *words = case
     args = [arg.format(read_only=read_only_folder(previous_run)) for arg in args]
     before = snapshot(previous_run)
-    monkeypatch.chdir(previous_run)
-    monkeypatch.setattr(sys, 'argv', ['train.py', *TINY, '--max_iters=2', '--out_dir=out_prev', *args])
-    with pytest.raises(SystemExit) as stop:
-        runpy.run_path(str(REPO / 'train.py'))
-    message = str(stop.value.code)
-    assert '\n' not in message and all(word in message for word in words), message
+    result = train_here(previous_run, [*TINY, '--max_iters=2', '--out_dir=out_prev', *args], check=False)
+    message = result.stderr.removesuffix('\n')  # all of stderr: train.py prints its Overriding lines on stdout
+    assert result.returncode == 1 and '\n' not in message and all(word in message for word in words), message
     assert snapshot(previous_run) == before
 
 

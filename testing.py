@@ -1,0 +1,38 @@
+"""What the tests share: a script of this folder run in the test's own process.
+
+A plain module rather than conftest.py, which pytest loads itself and does not mean to be imported."""
+import contextlib
+import gc
+import io
+import os
+import runpy
+import subprocess
+import sys
+
+
+def run_script(script, args, cwd, check=True):
+    """`python script args` run from folder cwd in this process, which saves paying for torch's start-up again:
+    its exit status and output as a CompletedProcess. As the interpreter does at exit, a SystemExit with a
+    message prints it on stderr with status 1; any other exception (a traceback, or Ctrl-C) reaches the test.
+    check: fail unless the status is 0."""
+    args = [str(arg) for arg in args]
+    argv, folder, out, err, code = sys.argv, os.getcwd(), io.StringIO(), io.StringIO(), 0
+    try:
+        sys.argv = [str(script), *args]
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(script), run_name='__main__')
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            code = 1
+            err.write(f"{stop.code}\n")
+    finally:
+        sys.argv = argv
+        os.chdir(folder)
+        gc.collect()  # a script's globals can form a reference cycle: free them, closing the files they hold
+    result = subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{script} {args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
