@@ -22,8 +22,8 @@ Choices made here, and why:
   open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
 
-Each source's reader, the tokenizers, the checks on reading and the machinery (the lock, the atomic swap,
-reruns) are under headings of their own below, with the choices they make.
+Each source's reader, the tokenizers, the checks on reading and reruns are under headings of their own below,
+with the choices they make; the lock and the atomic swap of out_dir are support.py's.
 Other scripts use load_meta, open_split, open_val_domains, load_tokenizer, prepare_command and CHAR_SEPARATOR
 from here.
 """
@@ -31,8 +31,6 @@ from here.
 import argparse
 import concurrent.futures
 import collections
-import contextlib
-import errno
 import fnmatch
 import functools
 import glob
@@ -44,7 +42,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -87,21 +84,21 @@ def main(argv=None):
             train_paths, val_paths = slimpajama_paths(args.input)
             fingerprint = files_fingerprint(train_paths + (val_paths or []))
     settings = settings_of(args, fingerprint)
-    with claimed(args.out_dir):
+    with support.claimed(args.out_dir, "prepare.py"):
         meta = already_prepared(args.out_dir, settings)
         if meta is not None:
             print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
                   f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
             return
         t0 = time.time()
-        with partial_dir(args.out_dir) as partial:
+        with support.partial_dir(args.out_dir, "prepare.py") as partial:
             if args.dataset in ("shakespeare", "text"):
                 meta = prepare_documents(documents, args, source, license_text, partial)
             else:
                 meta = prepare_slimpajama(args, partial)
             meta["settings"] = settings
-            write_meta(partial, meta)
-            replace_outputs(partial, args.out_dir)
+            support.write_file(os.path.join(partial, "meta.json"), json.dumps(meta, indent=1).encode())
+            support.replace_outputs(partial, args.out_dir, OUTPUT_FILE)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
           f"{meta['val_documents']:,} val documents, "
@@ -138,7 +135,7 @@ def prepare_documents(documents, args, source, license_text, out_dir):
     meta.update(split=rule, files={}, max_token=0)
     for split, pieces in (("train", train), ("val", val)):
         ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
-        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
+        support.write_file(os.path.join(out_dir, f"{split}.bin"), ids.tobytes())
         meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_documents"] = len(pieces)
         meta["max_token"] = max(meta["max_token"], int(ids.max()))
@@ -907,113 +904,17 @@ def parse_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
-# files written whole or not at all.
-# - Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
-#   files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
-#   text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
-#   file for local SlimPajama (too big to hash on every run).
-# - Replacing a prepared folder: the input is read and checked before anything is written, and the new
-#   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
-#   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-#   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-#   files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
-#   are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
-#   .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
-#   (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
+# Reruns and replacing a prepared folder. When meta.json records the same settings and the same input
+# fingerprint, and the .bin files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of
+# the documents' text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime
+# of each file for local SlimPajama (too big to hash on every run). Otherwise the input is read and checked
+# before anything is written, and out_dir is rewritten whole (support.claimed, partial_dir, replace_outputs):
+# only the files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin,
+# ...) are replaced; other files in out_dir are left alone.
 
 
-PARTIAL = ".partial"
 # the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
 OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
-
-
-@contextlib.contextmanager
-def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
-    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
-    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
-    gone too."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    lock_path, made = os.path.join(parent, f".{name}.lock"), []
-    try:
-        make_folders(parent, made)
-        held = support.hold(lock_path, "prepare.py",
-                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
-                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
-    except BaseException as e:
-        remove_folders(made)
-        if isinstance(e, OSError):
-            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                             f"pass a writable --out_dir") from None
-        raise
-    try:
-        yield
-        made = []  # the run went well: its folders stay
-    finally:
-        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
-        remove_folders(made)
-
-
-def make_folders(path, made):
-    """Make path and its missing parents, appending each folder made to `made`."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        return
-    make_folders(os.path.dirname(path), made)
-    try:
-        os.mkdir(path)
-        made.append(path)
-    except FileExistsError:  # made meanwhile by another run: not ours to remove
-        pass
-
-
-def remove_folders(made):
-    for folder in reversed(made):
-        with contextlib.suppress(OSError):  # not empty: another run is using it
-            os.rmdir(folder)
-
-
-@contextlib.contextmanager
-def partial_dir(out_dir):
-    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
-    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
-    never touched here."""
-    made = not os.path.exists(out_dir)
-    partial = os.path.join(out_dir, PARTIAL)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
-        os.mkdir(partial)
-    except OSError as e:
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                         f"pass a writable --out_dir") from None
-    try:
-        yield partial
-    except BaseException as e:
-        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk, say
-            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
-            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
-                             f"{fix} or pass another --out_dir") from None
-        raise
-
-
-def replace_outputs(partial, out_dir):
-    """Swap the finished files in partial for the data out_dir held: its meta.json goes first, so that a
-    crash mid-swap leaves a folder that reads as unprepared, and the new meta.json comes last."""
-    old_meta = os.path.join(out_dir, "meta.json")
-    if os.path.exists(old_meta):
-        os.remove(old_meta)
-    for name in os.listdir(out_dir):
-        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
-            os.remove(os.path.join(out_dir, name))
-    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
-        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
-    os.rmdir(partial)
 
 
 def settings_of(args, fingerprint):
@@ -1061,24 +962,6 @@ def files_fingerprint(paths):
     return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
 
 
-def write_file(path, data, mode="wb"):
-    """Write bytes to path; a failure (a full disk, say) names the path,
-    which Python's write errors do not."""
-    try:
-        with open(path, mode) as f:
-            f.write(data)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), path) from None
-
-
-def write_tokens(path, ids):
-    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
-
-
-def write_meta(out_dir, meta):
-    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
-
-
 class ShardWriter:
     """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
 
@@ -1103,8 +986,8 @@ class ShardWriter:
         """Write the buffer as the next shard, or with append=True onto the end of the last one."""
         if self.filled:
             name = f"{self.split}_{len(self.files) - append:05d}.bin"
-            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
-                       "ab" if append else "wb")
+            support.write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
+                               "ab" if append else "wb")
             self.files[name] = self.files.get(name, 0) + self.filled
             self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
             self.filled = 0

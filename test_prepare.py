@@ -21,6 +21,7 @@ import tiktoken.load
 from tiktoken_ext import openai_public
 
 import prepare
+import support
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 EOT = 50256
@@ -795,7 +796,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
     def full_disk(path, mode="r", **kwargs):  # .bin files go to /dev/full, which refuses every write: ENOSPC
         return open("/dev/full" if path.endswith(".bin") else path, mode, **kwargs)
 
-    monkeypatch.setattr(prepare, "open", full_disk, raising=False)  # prepare.py's open, not the builtin
+    monkeypatch.setattr(support, "open", full_disk, raising=False)  # support.py's open, not the builtin
     (tmp_path / "corpus.txt").write_text("other text\n" * 30)
     for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
         with pytest.raises(SystemExit) as error:
