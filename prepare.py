@@ -22,29 +22,23 @@ Choices made here, and why:
   open_split returns them), because the character-level separator, a blank line, also occurs inside
   documents. analyze.py starts its windows there.
 
-Each source's reader, the tokenizers, the checks on reading and the machinery (the lock, the atomic swap,
-reruns) are under headings of their own below, with the choices they make.
+Each source's reader, the tokenizers, the checks on reading and reruns are under headings of their own below,
+with the choices they make; SlimPajama's reader is slimpajama.py, and the lock and the atomic swap of out_dir
+are support.py's.
 Other scripts use load_meta, open_split, open_val_domains, load_tokenizer, prepare_command and CHAR_SEPARATOR
 from here.
 """
 
 import argparse
 import concurrent.futures
-import collections
-import contextlib
-import errno
 import fnmatch
 import functools
 import glob
 import hashlib
 import importlib.util
-import itertools
 import json
-import math
-import multiprocessing
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -66,13 +60,17 @@ CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank li
 # a separator (CharTokenizer: one id per character, then a blank line; BPE, --tokenizer=gpt2 or neox: then
 # <|endoftext|>); every 10th work (--val_fraction=0.1) is held out whole for validation (split_documents);
 # the ids are written as train.bin and val.bin (uint16), the vocabulary and the split as meta.json
-# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (prepare_slimpajama).
+# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (slimpajama.py).
 
 
 def main(argv=None):
     args = parse_args(argv)
     # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
-    if args.dataset in ("shakespeare", "text"):
+    if args.dataset == "slimpajama":
+        import slimpajama  # the paper's data: a module of its own, which only this dataset needs
+        fingerprint = slimpajama.files_fingerprint(args.input) if args.input else None
+        prepare_into = functools.partial(slimpajama.prepare_slimpajama, args)
+    else:
         if args.dataset == "shakespeare":
             source, license_text = SHAKESPEARE_SOURCE, SHAKESPEARE_LICENSE
             documents = shakespeare_works()
@@ -81,27 +79,20 @@ def main(argv=None):
             documents = text_documents(args.input, args.text_field)
         documents = nonempty_documents(documents, source)
         fingerprint = documents_fingerprint(documents)
-    else:
-        fingerprint = None
-        if args.input:
-            train_paths, val_paths = slimpajama_paths(args.input)
-            fingerprint = files_fingerprint(train_paths + (val_paths or []))
+        prepare_into = functools.partial(prepare_documents, documents, args, source, license_text)
     settings = settings_of(args, fingerprint)
-    with claimed(args.out_dir):
+    with support.claimed(args.out_dir, "prepare.py"):
         meta = already_prepared(args.out_dir, settings)
         if meta is not None:
             print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
                   f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
             return
         t0 = time.time()
-        with partial_dir(args.out_dir) as partial:
-            if args.dataset in ("shakespeare", "text"):
-                meta = prepare_documents(documents, args, source, license_text, partial)
-            else:
-                meta = prepare_slimpajama(args, partial)
+        with support.partial_dir(args.out_dir, "prepare.py") as partial:
+            meta = prepare_into(partial)
             meta["settings"] = settings
-            write_meta(partial, meta)
-            replace_outputs(partial, args.out_dir)
+            support.write_file(os.path.join(partial, "meta.json"), json.dumps(meta, indent=1).encode())
+            support.replace_outputs(partial, args.out_dir, OUTPUT_FILE)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
           f"{meta['val_documents']:,} val documents, "
@@ -138,7 +129,7 @@ def prepare_documents(documents, args, source, license_text, out_dir):
     meta.update(split=rule, files={}, max_token=0)
     for split, pieces in (("train", train), ("val", val)):
         ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
-        write_tokens(os.path.join(out_dir, f"{split}.bin"), ids)
+        support.write_file(os.path.join(out_dir, f"{split}.bin"), ids.tobytes())
         meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_documents"] = len(pieces)
         meta["max_token"] = max(meta["max_token"], int(ids.max()))
@@ -466,262 +457,9 @@ def jsonl_records(path, text_field):
 def open_text(path):
     """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
     if path.endswith(".zst"):
-        import zstandard  # slimpajama_paths checked that it is installed
+        import zstandard  # slimpajama.slimpajama_paths checked that it is installed
         return zstandard.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
-
-# -----------------------------------------------------------------------------
-# SlimPajama, the paper's data: domain-weighted, sharded, the paper's tokenizer (or GPT-2's); from local files
-# or the hub.
-# - Validation: SlimPajama's own split, the hub's or the validation/ folder of a local download, all of it by
-#   default (~500M tokens: "validation and test sets, 500M tokens each", SlimPajama-627B's dataset card). From
-#   local files without one, a document is held out when a hash of its text says so, up to the same 500M
-#   tokens. It is kept domain by domain, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's
-#   val_domains), as the paper scores each domain on its own validation data and reports the unweighted mean
-#   over the 7; a smaller --val_tokens gives each domain an equal share of it. Training keeps the paper's mix
-#   (CommonCrawl 0.5, C4 0.2, ...). open_val_domains reads them.
-# - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
-#   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
-#   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
-#   files are, the result is data/slimpajama_<tokenizer> (neox, or gpt2).
-# - Speed: SlimPajama is tokenized in --num_proc processes, a file (or a batch of hub records) each,
-#   while this process takes their documents in stream order, so the output is the same for any
-#   --num_proc. The last shard takes in a tail under half a shard, so no shard is short.
-
-
-SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
-SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
-                      "(Common Crawl, C4, GitHub, Books, ArXiv, Wikipedia, StackExchange)")
-# fixed domain weights of the paper's training mix
-SLIMPAJAMA_WEIGHTS = {
-    "RedPajamaCommonCrawl": 0.5,
-    "RedPajamaC4": 0.2,
-    "RedPajamaGithub": 0.1,
-    "RedPajamaBook": 0.05,
-    "RedPajamaArXiv": 0.05,
-    "RedPajamaWikipedia": 0.05,
-    "RedPajamaStackExchange": 0.05,
-}
-SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
-SLIMPAJAMA_VAL_TOKENS = 500_000_000  # the size of its validation split (see above)
-
-
-def prepare_slimpajama(args, out_dir):
-    tokenizer = bpe_tokenizer(args.tokenizer, args.tokenizer_file)
-    # workers read the tokenizer from the file this process found (in the hub's cache, say)
-    tokenize = functools.partial(tokenize_documents,
-                                 tokenizer=(args.tokenizer, getattr(tokenizer, "path", None)))
-    val_tokens = args.val_tokens
-    if args.input:
-        train_paths, val_paths = slimpajama_paths(args.input)
-        if val_paths:
-            train, val = ((functools.partial(encode_file, tokenize=tokenize), paths)
-                          for paths in (train_paths, val_paths))
-            source, split = os.path.abspath(args.input), "SlimPajama's validation split (validation/)"
-        else:  # held out by a hash of the text, so the split does not depend on file order
-            train, val = ((functools.partial(encode_file, tokenize=tokenize, held_out=held_out,
-                                             val_fraction=args.val_fraction), train_paths)
-                          for held_out in (False, True))
-            source = os.path.abspath(args.input)
-            split = f"documents whose text hash falls in the lowest {args.val_fraction}"
-            val_tokens = val_tokens or SLIMPAJAMA_VAL_TOKENS  # not every held-out document of the corpus
-    else:
-        train, val = ((tokenize, batched(hub_documents(split), SLIMPAJAMA_BATCH))
-                      for split in ("train", "validation"))
-        source, split = f"{SLIMPAJAMA_HUB} (Hugging Face hub)", "SlimPajama's validation split"
-
-    meta = {"source": source, "license": SLIMPAJAMA_LICENSE, "tokenizer": args.tokenizer,
-            "vocab_size": tokenizer.vocab_size, **tokenizer.meta(), "split": split,
-            "domain_weights": SLIMPAJAMA_WEIGHTS, "files": {}, "max_token": 0}
-    # training: the paper's mix, in one run of shards; validation: all of it, or an equal share per domain, in
-    # each domain's own files
-    domains = list(SLIMPAJAMA_WEIGHTS)
-    train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
-    val_quotas = dict.fromkeys(domains, math.ceil(val_tokens / len(domains)) if val_tokens else math.inf)
-    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
-    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
-    splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
-              ("val", val, val_quotas, val_writers)]
-    for name, (work, items), quotas, writers in splits:
-        tokens, documents = fill_domain_quotas(work, items, quotas, writers, args.num_proc, desc=name)
-        for writer in dict.fromkeys(writers.values()):  # each writer once
-            writer.close()
-            meta["files"].update(writer.files)
-            meta["max_token"] = max(meta["max_token"], writer.max_token)
-        if not any(tokens.values()):
-            raise SystemExit(f"prepare.py: no {name} documents of SlimPajama's domains in {source}; "
-                             f"check --input")
-        short = [domain for domain in quotas if tokens[domain] < quotas[domain] < math.inf]
-        if short:
-            print(f"note: the {name} data ran out before these domains filled their quotas: "
-                  f"{', '.join(short)}")
-        meta[f"{name}_tokens"] = sum(tokens.values())
-        meta[f"{name}_documents"] = sum(documents.values())
-        meta[f"{name}_domain_tokens"] = tokens
-        meta[f"{name}_domain_documents"] = documents
-    meta["val_domains"] = {domain: sorted(writer.files) for domain, writer in val_writers.items()
-                           if writer.files}
-    missing = [domain for domain in domains if domain not in meta["val_domains"]]
-    if missing:
-        print(f"note: no validation documents of {', '.join(missing)}: the validation loss is the mean over "
-              f"the other domains")
-    # every document ends with <|endoftext|>, so each one after it starts a document; starts index the
-    # validation files one after another in sorted order (every domain's), as open_split returns them
-    val = np.concatenate([np.fromfile(os.path.join(out_dir, name), dtype=np.uint16)
-                          for name in sorted(meta["files"]) if name.startswith("val_")])
-    meta["val_doc_starts"] = [0] + (np.flatnonzero(val[:-1] == tokenizer.eot_token) + 1).tolist()
-    return meta
-
-
-def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
-    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
-    is under its token quota; stop when all are full.
-
-    work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
-    worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
-    the result is the same for any num_proc. A domain overshoots its quota by less than one document."""
-    tokens = dict.fromkeys(quotas, 0)
-    documents = dict.fromkeys(quotas, 0)
-    full = {domain for domain in quotas if quotas[domain] <= 0}
-    with tqdm(total=sum(quotas.values()), desc=desc, unit="tok", unit_scale=True) as bar:  # inf: no total
-        for domains, lengths, ids in in_order(work, items, full, num_proc):
-            for domain, end, n in zip(domains, np.cumsum(lengths).tolist(), lengths.tolist()):
-                if domain not in full:
-                    writers[domain].write(ids[end - n:end])
-                    tokens[domain] += n
-                    documents[domain] += 1
-                    bar.update(n)
-                    if tokens[domain] >= quotas[domain]:
-                        full.add(domain)
-            if len(full) == len(quotas):
-                break
-    return tokens, documents
-
-
-def in_order(work, items, full, num_proc):
-    """work(item, skip) for each item, in item order, skip being the domains in `full` when the item is handed
-    out (full only grows, so what a worker skips would not have been taken). num_proc > 1: worked on in that
-    many processes, up to twice as many items ahead of the one awaited."""
-    if num_proc == 1:
-        yield from (work(item, frozenset(full)) for item in items)
-        return
-    # spawn: a fresh interpreter per worker, since forking a process that runs threads (tqdm's) can deadlock
-    pool = concurrent.futures.ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"))
-    pending = collections.deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(work, item, frozenset(full)))
-            if len(pending) == 2 * num_proc:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:  # all quotas full, or a failure: drop the work not started
-        pool.shutdown(cancel_futures=True)
-
-
-def tokenize_documents(documents, skip, tokenizer):
-    """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
-    followed by <|endoftext|>: ids holds them all, one after another, as uint16. tokenizer: bpe_tokenizer's
-    arguments."""
-    tokenizer = bpe_tokenizer(*tokenizer)
-    domains, encoded = [], []
-    for domain, text in documents:
-        if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
-            domains.append(domain)
-            encoded.append(np.array(tokenizer.encode_document(text), dtype=np.uint16))
-    ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
-    return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
-
-# SlimPajama from local files (--input=PATH)
-
-
-def slimpajama_paths(path):
-    """(training files, validation files or None) of local SlimPajama: a .jsonl or .jsonl.zst file, a folder
-    holding such files at any depth, or the dataset as downloaded, train/chunk1 ... chunk10/ beside
-    validation/ (and test/, not read). Sorted with numbers in order: chunk2 before chunk10."""
-    train_dir, val_dir = os.path.join(path, "train"), os.path.join(path, "validation")
-    if not os.path.isdir(path):
-        train, val = [path], None
-    elif os.path.isdir(train_dir):
-        train, val = jsonl_files(train_dir), jsonl_files(val_dir) if os.path.isdir(val_dir) else None
-    else:
-        train, val = jsonl_files(path), None
-    if any(p.endswith(".zst") for p in train + (val or [])) and importlib.util.find_spec("zstandard") is None:
-        raise SystemExit("prepare.py: SlimPajama's .jsonl.zst files are read with `zstandard`; install it "
-                         "with `pip install --no-deps -r requirements-data.txt`")
-    return train, val
-
-
-def jsonl_files(folder):
-    paths = [path for pattern in ("*.jsonl", "*.jsonl.zst")
-             for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
-             if os.path.isfile(path)]
-    if not paths:
-        raise SystemExit(f"prepare.py: no .jsonl or .jsonl.zst files in {folder}; pass SlimPajama's files, "
-                         f"or the folder it downloaded to (the one holding train/)")
-    return sorted(paths, key=lambda path: [int(part) if part.isdigit() else part
-                                           for part in re.split(r"(\d+)", path)])
-
-
-def encode_file(path, skip, tokenize, held_out=None, val_fraction=None):
-    """tokenize (tokenize_documents) a local SlimPajama file's records: all of them (held_out=None), or those
-    whose text hash puts them in validation (True) or in training (False)."""
-    records = slimpajama_jsonl(path)
-    return tokenize(((record_domain(r, path), r["text"]) for r in records
-                     if held_out is None or in_validation(r["text"], val_fraction) == held_out), skip)
-
-
-def slimpajama_jsonl(path):
-    """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local
-    .jsonl(.zst) file."""
-    if not path.endswith(".zst"):
-        yield from jsonl_records(path, "text")
-        return
-    import zstandard  # slimpajama_paths checked that it is installed
-    try:
-        yield from jsonl_records(path, "text")
-    except zstandard.ZstdError as e:  # a damaged download
-        raise SystemExit(f"prepare.py: {path} is not readable zstd data ({e}); download it again") from None
-
-
-def record_domain(record, where):
-    """The record's SlimPajama domain (meta.redpajama_set_name)."""
-    if not isinstance(record.get("meta"), dict) or "redpajama_set_name" not in record["meta"]:
-        raise SystemExit(f"prepare.py: {where} has a record without meta.redpajama_set_name; "
-                         f"--dataset=slimpajama needs SlimPajama's record format")
-    return record["meta"]["redpajama_set_name"]
-
-
-def in_validation(text, val_fraction):
-    """Deterministic hold-out: the first 8 bytes of the text's sha256 as a number in [0, 1)."""
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
-
-# SlimPajama streamed from the Hugging Face hub
-
-
-def hub_documents(split):
-    """(domain, text) of SlimPajama's records streamed from the Hugging Face hub."""
-    import datasets  # optional: parse_args checked that it is installed
-    try:
-        for record in datasets.load_dataset(SLIMPAJAMA_HUB, split=split, streaming=True):
-            if not isinstance(record.get("text"), str):
-                raise SystemExit(f"prepare.py: {SLIMPAJAMA_HUB} sent a record without a text field; "
-                                 f"pass local SlimPajama files with --input=PATH")
-            yield record_domain(record, SLIMPAJAMA_HUB), record["text"]
-    except Exception as e:  # at any point of the stream: the network, the hub, the cache, a missing package
-        reason = str(e).strip().split("\n")[0][:300]
-        # ConnectionError, TimeoutError, ...
-        network = "check the network, or " if isinstance(e, OSError) else ""
-        raise SystemExit(f"prepare.py: streaming {SLIMPAJAMA_HUB} ({split}) failed: {type(e).__name__}"
-                         f"{': ' + reason if reason else ''}; {network}pass local SlimPajama files with "
-                         f"--input=PATH") from None
-
-
-def batched(iterable, n):
-    iterator = iter(iterable)
-    while batch := list(itertools.islice(iterator, n)):
-        yield batch
 
 # -----------------------------------------------------------------------------
 # Reading prepared data (train.py, sample.py, analyze.py, eval.py), checked on the way (load_meta,
@@ -907,113 +645,17 @@ def parse_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# Machinery, which a tutorial reader can skip: one run per folder, the atomic swap, reruns skipped,
-# files written whole or not at all.
-# - Reruns: when meta.json records the same settings and the same input fingerprint, and the .bin
-#   files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of the documents'
-#   text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime of each
-#   file for local SlimPajama (too big to hash on every run).
-# - Replacing a prepared folder: the input is read and checked before anything is written, and the new
-#   files are written into out_dir/.partial/. Only when they are complete is the old data swapped out:
-#   its meta.json goes first and the new meta.json comes last, so a folder is either the old dataset,
-#   the new one, or (after a crash mid-swap) one without meta.json, which reads as unprepared. Only the
-#   files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin, ...)
-#   are replaced; other files in out_dir are left alone. One run at a time: a run holds a lock on
-#   .<out_dir name>.lock beside out_dir, and a second run on that folder is refused until the first ends
-#   (or dies). The lock file stays (support.py says why), unless the run failed and left no out_dir.
+# Reruns and replacing a prepared folder. When meta.json records the same settings and the same input
+# fingerprint, and the .bin files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of
+# the documents' text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime
+# of each file for local SlimPajama (too big to hash on every run). Otherwise the input is read and checked
+# before anything is written, and out_dir is rewritten whole (support.claimed, partial_dir, replace_outputs):
+# only the files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin,
+# ...) are replaced; other files in out_dir are left alone.
 
 
-PARTIAL = ".partial"
-# the .bin files this script writes (SlimPajama's validation: shards of each domain's own), and no others
-OUTPUT_FILE = re.compile(rf"(train|val)(_\d{{5}})?\.bin|val_({'|'.join(SLIMPAJAMA_WEIGHTS)})_\d{{5}}\.bin")
-
-
-@contextlib.contextmanager
-def claimed(out_dir):
-    """Hold out_dir for this run: its parent folders made, and the lock on .<name>.lock beside it (see
-    support.Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
-    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
-    gone too."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    lock_path, made = os.path.join(parent, f".{name}.lock"), []
-    try:
-        make_folders(parent, made)
-        held = support.hold(lock_path, "prepare.py",
-                            lambda holder: f"another prepare.py ({holder}) is writing {out_dir} (it holds "
-                                           f"{lock_path}); wait for it to finish, or pass another --out_dir")
-    except BaseException as e:
-        remove_folders(made)
-        if isinstance(e, OSError):
-            raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                             f"pass a writable --out_dir") from None
-        raise
-    try:
-        yield
-        made = []  # the run went well: its folders stay
-    finally:
-        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
-        remove_folders(made)
-
-
-def make_folders(path, made):
-    """Make path and its missing parents, appending each folder made to `made`."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        return
-    make_folders(os.path.dirname(path), made)
-    try:
-        os.mkdir(path)
-        made.append(path)
-    except FileExistsError:  # made meanwhile by another run: not ours to remove
-        pass
-
-
-def remove_folders(made):
-    for folder in reversed(made):
-        with contextlib.suppress(OSError):  # not empty: another run is using it
-            os.rmdir(folder)
-
-
-@contextlib.contextmanager
-def partial_dir(out_dir):
-    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
-    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
-    never touched here."""
-    made = not os.path.exists(out_dir)
-    partial = os.path.join(out_dir, PARTIAL)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
-        os.mkdir(partial)
-    except OSError as e:
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise SystemExit(f"prepare.py: cannot write to {out_dir} ({e.strerror}); "
-                         f"pass a writable --out_dir") from None
-    try:
-        yield partial
-    except BaseException as e:
-        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk, say
-            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
-            raise SystemExit(f"prepare.py: cannot write {e.filename or out_dir} ({e.strerror or e}); "
-                             f"{fix} or pass another --out_dir") from None
-        raise
-
-
-def replace_outputs(partial, out_dir):
-    """Swap the finished files in partial for the data out_dir held: its meta.json goes first, so that a
-    crash mid-swap leaves a folder that reads as unprepared, and the new meta.json comes last."""
-    old_meta = os.path.join(out_dir, "meta.json")
-    if os.path.exists(old_meta):
-        os.remove(old_meta)
-    for name in os.listdir(out_dir):
-        if OUTPUT_FILE.fullmatch(name):  # the new run may have fewer shards
-            os.remove(os.path.join(out_dir, name))
-    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
-        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
-    os.rmdir(partial)
+# the .bin files this script writes (SlimPajama's validation: shards of each RedPajama domain), and no others
+OUTPUT_FILE = re.compile(r"(train|val)(_\d{5})?\.bin|val_RedPajama[A-Za-z0-9]+_\d{5}\.bin")
 
 
 def settings_of(args, fingerprint):
@@ -1054,65 +696,6 @@ def documents_fingerprint(documents):
     for document in documents:
         digest.update(json.dumps(document).encode())
     return digest.hexdigest()
-
-
-def files_fingerprint(paths):
-    """[path, size, mtime] of each file: SlimPajama files are too big to hash on every run."""
-    return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in paths]
-
-
-def write_file(path, data, mode="wb"):
-    """Write bytes to path; a failure (a full disk, say) names the path,
-    which Python's write errors do not."""
-    try:
-        with open(path, mode) as f:
-            f.write(data)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), path) from None
-
-
-def write_tokens(path, ids):
-    write_file(path, np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
-
-
-def write_meta(out_dir, meta):
-    write_file(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=1).encode())
-
-
-class ShardWriter:
-    """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
-
-    def __init__(self, out_dir, split, shard_tokens):
-        self.out_dir, self.split = out_dir, split
-        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
-        self.filled = 0
-        self.files = {}  # file name -> tokens
-        self.max_token = 0
-
-    def write(self, ids):
-        ids = np.asarray(ids, dtype=np.uint16)
-        while len(ids):
-            n = min(len(ids), len(self.buffer) - self.filled)
-            self.buffer[self.filled:self.filled + n] = ids[:n]
-            self.filled += n
-            ids = ids[n:]
-            if self.filled == len(self.buffer):
-                self.flush()
-
-    def flush(self, append=False):
-        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
-        if self.filled:
-            name = f"{self.split}_{len(self.files) - append:05d}.bin"
-            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
-                       "ab" if append else "wb")
-            self.files[name] = self.files.get(name, 0) + self.filled
-            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
-            self.filled = 0
-
-    def close(self):
-        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
-        short shard would stop train.py at any block_size longer than it."""
-        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 
 if __name__ == "__main__":

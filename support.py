@@ -1,14 +1,17 @@
 """
 Machinery the scripts share, the same on Linux, macOS and Windows: a lock that keeps one writer per folder,
 argparse that reports a bad argument in one line, the rule that no script opens a pipe to read it whole, the
-check that a job fits in its device's memory, the GPUs' peak FLOP/s that MFU compares against, and the rule
-for averaging runs' per-domain validation losses.
+check that a job fits in its device's memory, the GPUs' peak FLOP/s that MFU compares against, loading a
+checkpoint and picking the device and precision, the rule for averaging runs' per-domain validation losses,
+and a folder rewritten whole (claimed, partial_dir, replace_outputs) by writes that name the file they fail
+on (write_file).
 """
 import argparse
 import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
@@ -250,3 +253,110 @@ def mean_domain_losses(scored):
     if not scored or not all(scored):
         return None
     return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
+
+
+# -----------------------------------------------------------------------------
+# A folder rewritten whole, as prepare.py rewrites its out_dir: one run at a time, on a lock on .<name>.lock
+# beside it (Lock says why the lock file stays, unless the run failed and left no out_dir). The new files are
+# written into out_dir/.partial/; only when they are complete is the old data swapped out: its meta.json goes
+# first and the new meta.json comes last, so a folder is either the old data, the new, or (after a crash
+# mid-swap) one without meta.json, which reads as unprepared. Files the script does not write are left alone.
+
+
+@contextlib.contextmanager
+def claimed(out_dir, script):
+    """Hold out_dir for this run of script: its parent folders made, and the lock on .<name>.lock beside it
+    (see Lock: the OS releases it if the process dies), so a second run on out_dir is refused instead of
+    writing into it too. If the run fails, the folders made here go, and so does the lock file when out_dir is
+    gone too."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    lock_path, made = os.path.join(parent, f".{name}.lock"), []
+    try:
+        make_folders(parent, made)
+        held = hold(lock_path, script,
+                    lambda holder: f"another {script} ({holder}) is writing {out_dir} (it holds "
+                                   f"{lock_path}); wait for it to finish, or pass another --out_dir")
+    except BaseException as e:
+        remove_folders(made)
+        if isinstance(e, OSError):
+            raise SystemExit(f"{script}: cannot write to {out_dir} ({e.strerror}); "
+                             f"pass a writable --out_dir") from None
+        raise
+    try:
+        yield
+        made = []  # the run went well: its folders stay
+    finally:
+        held.release(remove=not os.path.isdir(out_dir))  # a failed run that left no out_dir leaves no lock
+        remove_folders(made)
+
+
+def make_folders(path, made):
+    """Make path and its missing parents, appending each folder made to `made`."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):  # said here, as filelock would say "File exists"
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return
+    make_folders(os.path.dirname(path), made)
+    try:
+        os.mkdir(path)
+        made.append(path)
+    except FileExistsError:  # made meanwhile by another run: not ours to remove
+        pass
+
+
+def remove_folders(made):
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):  # not empty: another run is using it
+            os.rmdir(folder)
+
+
+@contextlib.contextmanager
+def partial_dir(out_dir, script):
+    """A fresh out_dir/.partial/ to write the new files into (taken under claimed(out_dir), so no other run is
+    using it). If writing fails it is removed, and so is out_dir when this made it; the data out_dir held is
+    never touched here."""
+    made = not os.path.exists(out_dir)
+    partial = os.path.join(out_dir, ".partial")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run that crashed
+        os.mkdir(partial)
+    except OSError as e:
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise SystemExit(f"{script}: cannot write to {out_dir} ({e.strerror}); "
+                         f"pass a writable --out_dir") from None
+    try:
+        yield partial
+    except BaseException as e:
+        shutil.rmtree(out_dir if made else partial, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, say
+            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
+            raise SystemExit(f"{script}: cannot write {e.filename or out_dir} ({e.strerror or e}); "
+                             f"{fix} or pass another --out_dir") from None
+        raise
+
+
+def replace_outputs(partial, out_dir, outputs):
+    """Swap the finished files in partial for the data out_dir held, those whose names the regular expression
+    outputs matches: its meta.json goes first, so that a crash mid-swap leaves a folder that reads as
+    unprepared, and the new meta.json comes last."""
+    old_meta = os.path.join(out_dir, "meta.json")
+    if os.path.exists(old_meta):
+        os.remove(old_meta)
+    for name in os.listdir(out_dir):
+        if outputs.fullmatch(name):  # the new run may have fewer shards
+            os.remove(os.path.join(out_dir, name))
+    for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
+        os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
+    os.rmdir(partial)
+
+
+def write_file(path, data, mode="wb"):
+    """Write bytes to path; a failure (a full disk, say) names the path, which Python's write errors
+    do not."""
+    try:
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None

