@@ -181,8 +181,11 @@ def test_run_names_identify_settings():
     settings = {json.dumps(s, sort_keys=True) for suite in reproduce.SUITES
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer
-    # and value embeddings are other suites'); controls: 4 new (its Transformer and Identity are depth's)
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3
+    # and value embeddings are other suites'); controls: 4 new (its Transformer and Identity are depth's);
+    # muon_lr: 4 rates at 2 depths; optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each depth's
+    # Transformer is muon_lr's), at the depths swept so far
+    muon = sum({4: 3, 8: 1}[depth] for _, depth in reproduce.MUON_LR)
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 4 * 2 * 3 + muon * 3
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
@@ -196,7 +199,7 @@ def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_
     widened Transformer, and every run but the bank's own is another suite's. At the bpe scale (vocabulary
     50,304) the widened Transformer has the bank's parameters to within half a SwiGLU unit a layer."""
     assert not any('ffn=' in label for label, _, _ in reproduce.suite_groups('value_bank', 'cpu'))
-    others = {name for suite in reproduce.SUITES if suite != 'value_bank'
+    others = {name for suite in reproduce.SUITES if suite not in ('value_bank', 'optimizer')
               for _, name, _ in reproduce.suite_runs(suite, 'cpu', [1337])}
     new = [name for _, name, _ in reproduce.suite_runs('value_bank', 'cpu', [1337]) if name not in others]
     assert len(new) == 4 and all('value_bank=True' in name for name in new)
