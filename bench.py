@@ -97,7 +97,7 @@ if smoke:
 HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
 NODE_DATA = 'node_check'  # under data/
 GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
-TIMING_KEYS = ('tokens_per_sec', 'mfu', 'peak_memory_gib')  # log fields that two runs of a step may differ in
+TIMING_KEYS = ('tokens_per_sec', 'mfu', 'mfu_palm', 'peak_memory_gib')  # may differ in two runs of a step
 
 
 def write_synthetic_data(folder):

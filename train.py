@@ -481,9 +481,11 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                 t_log, steps_timed = time.time(), 0
                 record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
                           'lr': lr, 'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
-                if peak:  # of one GPU: what each rank trains on, against its peak
-                    record['mfu'] = raw_model.estimate_mfu(tokens_per_sec / ddp_world_size, block_size,
-                                                           peak * 1e12)
+                if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full
+                    # T x T attention, as PaLM's and nanoGPT's MFU do
+                    rate = tokens_per_sec / ddp_world_size
+                    record['mfu'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12)
+                    record['mfu_palm'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12, causal=False)
                 if device_type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
                     record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
                 if raw_model.config.lambda_mode != 'fixed':
@@ -491,7 +493,8 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                 if log_grad_norms:
                     record['grad_norms'] = grad_norms
                 run.log(record)
-                mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s per GPU" if peak else ""
+                mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
+                       f"{peak:g} TFLOP/s per GPU" if peak else "")
                 progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
                 say(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, "
                     f"{tokens_per_sec:,.0f} tok/s{mfu}")
