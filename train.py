@@ -101,6 +101,7 @@ device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cu
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 compile = None  # torch.compile: None = on for CUDA, off elsewhere (where it does not pay for itself)
 peak_tflops = 0.0  # one accelerator's peak for MFU at this dtype; 0 = the GPU's, support.PEAK_TFLOPS
+deterministic = False  # deterministic kernels (math attention on CUDA): repeatable bit for bit, slower
 seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
@@ -138,6 +139,15 @@ device = pick_device(device, None if eval_only else train_support.needs_gpu(mode
 if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+if deterministic:  # bench.py's node check: a resumed run must then end as a straight one, bit for bit
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS reads it once, at its first call
+    # an op with no deterministic kernel warns rather than stops the run: the node check then finds the runs
+    # apart and falls back to its bound
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device_type == 'cuda':  # the fused attention kernels' backwards add in no fixed order
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
 if device_type == 'cuda':  # before anything touches CUDA, or every rank's context opens on GPU 0 as well
     torch.cuda.set_device(device)
 ptdtype = pick_dtype(dtype, device_type)
