@@ -172,7 +172,7 @@ def launch(name, ranks, args, out_of_memory_ok=False):
     began = time.perf_counter()
     run = subprocess.run([sys.executable, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-    out_of_memory = re.search(r'out of memory|does not fit in \S+ memory', run.stdout)
+    out_of_memory = re.search(r'out of memory|does not fit in ', run.stdout)  # CUDA's, or train.py's line
     if run.returncode and out_of_memory_ok and out_of_memory:
         return False
     if run.returncode:

@@ -240,6 +240,21 @@ def test_a_resumed_run_whose_weights_differ_fails_and_within_the_noise_up_to_the
     assert passed is False and how.startswith("NOT within the noise: the resumed run's final weights differ")
 
 
+def test_a_run_out_of_memory_is_what_the_fit_reports_rather_than_a_failed_run(tmp_path, monkeypatch):
+    """launch as the fit calls it: a model too big for memory, which train.py refuses in one line before it
+    allocates anything (and under an address-space limit all the same), returns False."""
+    bench = bench_globals()
+    limited = tmp_path / 'python'
+    limited.write_text(f'#!/bin/sh\nulimit -v {8 << 20}\nexec {sys.executable} "$@"\n')  # 8 GB, in kB
+    limited.chmod(0o755)
+    monkeypatch.setattr(sys, 'executable', str(limited))
+    monkeypatch.chdir(tmp_path)
+    bench['write_synthetic_data'](os.path.join('data', 'node_check'))
+    assert bench['launch']('fit', 1, ['--dataset=node_check', '--device=cpu', '--n_embd=200000',
+                                      '--out_dir=out/fit'], out_of_memory_ok=True) is False
+    assert not (tmp_path / 'out' / 'fit').exists()
+
+
 def test_every_full_scale_configs_header_states_the_memory_bench_computes_for_it():
     """bench.py reads each header's estimate; memory_estimate_gb recomputes it from the config's settings,
     so no header drifts from the one method (docs/training.md, 'How the memory estimates are made')."""
