@@ -246,9 +246,10 @@ def try_fit(ranks, precision):
     fit_dir = os.path.join('out', 'node_check', 'fit')
     estimate = memory_estimate(fit_config)
     stated = f"; its header estimates {estimate['compiled']} GB compiled" if estimate else ""
+    # batch_size sequences a rank, not the job's 1024 over the ranks: full micro-batches, fewer of them
     args = [fit_config, f'--dataset={NODE_DATA}', '--device=cuda', f'--dtype={precision}', '--log_interval=1',
             '--eval_iters=1', f'--eval_interval={FIT_STEPS}', f'--max_iters={FIT_STEPS}',
-            f'--out_dir={fit_dir}', '--overwrite=True']
+            f'--gradient_accumulation_steps={ranks}', f'--out_dir={fit_dir}', '--overwrite=True']
     fits = launch('fit', ranks, args, out_of_memory_ok=True)
     if fits:
         peak = max(r.get('peak_memory_gib', 0) for r in log_records(fit_dir)) * 2 ** 30 / 1e9
