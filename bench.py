@@ -26,12 +26,14 @@ import os
 import random
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from dataclasses import fields
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -72,6 +74,8 @@ node_config = 'config/resformer_82m.py'  # the config whose model, batch and dty
 nproc = 0  # ranks torchrun starts, one per GPU; 0 = every GPU here
 node_iters = 10  # steps of the straight run; a second run stops halfway, resumes, and must end the same
 train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
+fit_config = 'config/resformer_1b6.py'  # the largest config the node is meant for, tried for a few steps
+#   at its own micro_batch_size (CUDA only); '' = skip
 # --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
 estimate_configs = ('', 'config/shakespeare_char.py', 'config/small_svformer.py')  # '' = train.py's defaults
@@ -92,12 +96,20 @@ if smoke:
 
 # --------------------------------------------------------------------------- node check (--node_check)
 # Before a 10,000-step job on a fresh node, in minutes: node_config's model, batch and dtype on synthetic
-# tokens, under torchrun as the job runs (nccl on GPUs, compiled), node_iters steps straight, then again
-# stopped halfway and resumed. Writes data/node_check and out/node_check in the current folder, as train.py.
+# tokens, under torchrun as the job runs (nccl on GPUs, compiled), node_iters steps straight; then in
+# train.py's deterministic mode straight again, and stopped halfway and resumed; then fit_config for FIT_STEPS
+# steps. Writes data/node_check and out/node_check in the current folder, as train.py.
 HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
 NODE_DATA = 'node_check'  # under data/
 GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
-TIMING_KEYS = ('tokens_per_sec', 'mfu', 'peak_memory_gib')  # log fields that two runs of a step may differ in
+TIMING_KEYS = ('tokens_per_sec', 'mfu', 'mfu_palm', 'peak_memory_gib')  # may differ in two runs of a step
+PADDED_VOCAB = -(-GPT2_VOCAB // 64) * 64  # as train.py pads it; GPT-NeoX's 50,277 tokens pad to this too
+# a config header's memory estimate, as every full-scale config states it
+MEMORY_LINE = re.compile(r'^# Memory: about (?P<eager>\d+) GB eager, (?P<compiled>\d+) GB compiled per GPU '
+                         r'at (?P<sequences>\d+) sequences of (?P<tokens>\d+) tokens', re.M)
+ABOVE = 1.1  # a measured peak past this times the estimate is marked ABOVE it (the estimates are rounded)
+NOISE_FACTOR, NOISE_FLOOR = 2, 1e-6  # within_noise's bound on a resumed run's drift
+FIT_STEPS = 3  # fit_config's run: compiling, then steps at its full memory
 
 
 def write_synthetic_data(folder):
@@ -120,24 +132,49 @@ def write_synthetic_data(folder):
 
 
 def memory_estimate(path):
-    """The per-GPU memory a config's header comment states, '# Memory: ... about 45-60 GB ...': its first
-    'about A-B GB' after '# Memory:', as (A, B), or None. Read from the prose because that is the one place
-    each config states it (paper_recipe.py says how it was estimated), for the micro_batch_size it sets."""
+    """What a config's header states: {'eager': GB, 'compiled': GB, 'sequences': n, 'tokens': T}, or None."""
     with open(path, encoding='utf-8') as f:
-        header = ''.join(itertools.takewhile(lambda line: line.startswith('#'), f))
-    memory = ' '.join(line.lstrip('# ') for line in header.partition('# Memory:')[2].splitlines())
-    found = re.search(r'about (\d+(?:\.\d+)?)-(\d+(?:\.\d+)?) GB', memory)
-    return (float(found[1]), float(found[2])) if found else None
+        found = MEMORY_LINE.search(f.read())
+    return found and {key: int(value) for key, value in found.groupdict().items()}
 
 
-def launch(name, ranks, args):
-    """Run train.py under torchrun. A run that fails ends the check with its last lines."""
+def memory_estimate_gb(settings, compiled):
+    """The peak memory per GPU of training with these settings (a config file's, as configurator reads it), in
+    GB: bf16 autocast, a micro-batch of micro_batch_size (or batch_size) sequences, eager or compiled. The
+    method: docs/training.md, 'How the memory estimates are made'; each config header states the result."""
+    shape = {field.name: settings[field.name] for field in fields(GPTConfig) if field.name in settings}
+    with torch.device('meta'):
+        model = GPT(GPTConfig(**shape | {'vocab_size': PADDED_VOCAB}))
+    c = model.config
+    d, f, kv = c.n_embd, c.ffn_hidden, c.n_kv_head * (c.n_embd // c.n_head)
+    # Bytes a token keeps for the backward in one layer. Eager: the fp32 residual stream at both norms (8d),
+    # each linear's own bf16 copy of its normed input (q, k, v, gate, up: 10d), q and the output of attention
+    # (4d), k and the values attended over (4kv), SwiGLU's gate, silu, up and their product (8f). Compiled,
+    # inductor fuses the casts, the norms' scaling and SwiGLU's pointwise ops into their neighbours and
+    # recomputes them in the backward from what it keeps: the norms' inputs (8d), q and the output (4d), k
+    # and v (4kv), gate and up (4f); 0.55 of eager's at f = 3.5d.
+    layer = 12 * d + 4 * kv + 4 * f if compiled else 22 * d + 4 * kv + 8 * f
+    # The loss's fp32 logits. Eager: log-softmax's output and the gradients into and out of it, alive at once
+    # in its backward; compiled, one fused kernel: the logits and their gradient.
+    head = (8 if compiled else 12) * c.vocab_size
+    tokens = (settings.get('micro_batch_size') or settings['batch_size']) * c.block_size
+    # per parameter: fp32 weights and gradients (DDP's buckets hold them as views: no second copy), AdamW's
+    # two fp32 moments, autocast's bf16 copy
+    return (18 * model.num_params() + tokens * (c.n_layer * layer + head)) / 1e9
+
+
+def launch(name, ranks, args, out_of_memory_ok=False):
+    """Run train.py under torchrun: True once it ran. A run that fails ends the check with its last lines;
+    with out_of_memory_ok, one that ran out of memory returns False instead."""
     command = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={ranks}',
                os.path.relpath(os.path.join(HERE, 'train.py')), *args]
     print(f"{name} run: python {shlex.join(command)}", flush=True)
     began = time.perf_counter()
     run = subprocess.run([sys.executable, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
+    out_of_memory = re.search(r'out of memory|does not fit in ', run.stdout)  # CUDA's, or train.py's line
+    if run.returncode and out_of_memory_ok and out_of_memory:
+        return False
     if run.returncode:
         lines = run.stdout.splitlines()
         print('\n'.join(lines[-25:]), file=sys.stderr)
@@ -150,6 +187,7 @@ def launch(name, ranks, args):
                          f"({said[0] if said else 'its last lines are above'})")
     print(f"  took {time.perf_counter() - began:.1f} s, start-up, any compiling and checkpoints included",
           flush=True)
+    return True
 
 
 def log_records(out_dir):
@@ -157,30 +195,72 @@ def log_records(out_dir):
         return [json.loads(line) for line in f]
 
 
+def weight_gap(dir_a, dir_b):
+    """The largest difference between two runs' final weights."""
+    a, b = (torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', mmap=True, weights_only=True)['model']
+            for d in (dir_a, dir_b))
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
 def compare_resume(straight_dir, resumed_dir, stopped_at):
-    """A line on whether the resumed run ended as the straight one, and whether that is a failure. Both draw
-    the same batches, so on deterministic kernels their logs (timing aside) and weights are equal bit for bit.
-    On some GPU kernels (flash attention's backward adds in no fixed order) two runs drift apart from the
-    first step, resumed or not: the steps before the stop, which both ran alike, tell the two cases apart."""
+    """(verdict, a line on it) on whether the resumed run ended as the straight one. Both ran train.py's
+    deterministic mode on the same batches, so their logs (timing aside) and weights are equal bit for bit:
+    True; False if they differ only from the stop on. None if they differ already in the steps both ran
+    before the stop: deterministic mode did not hold on this node (train.py lets an op that has no
+    deterministic kernel run, with a warning), and within_noise judges instead."""
     straight, resumed = ([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log_records(d)]
                          for d in (straight_dir, resumed_dir))
-    weights = [torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', mmap=True,
-                          weights_only=True)['model'] for d in (straight_dir, resumed_dir)]
-    weight_gap = max((weights[0][k].float() - weights[1][k].float()).abs().max().item() for k in weights[0])
+    gap = weight_gap(straight_dir, resumed_dir)
     first = next((a or b for a, b in itertools.zip_longest(straight, resumed, fillvalue={}) if a != b), None)
-    if first is None and weight_gap == 0:
+    if first is None and gap == 0:
         return True, (f"exact: stopped at step {stopped_at} and resumed, the run's log ({len(resumed)} "
                       f"records) and final weights equal the straight run's, bit for bit")
-    drift = f"the final weights differ by up to {weight_gap:.3g}"
+    drift = f"the final weights differ by up to {gap:.3g}"
     # the records the first half wrote: its steps up to the stop, but not the evaluation there, which the
     # resumed run repeats on the weights it loaded (as train.py keeps the log on resume)
     if first and (first['step'] < stopped_at or first['step'] == stopped_at and 'val_loss' not in first):
-        return True, (f"not checkable bit for bit here: the two runs already differ at step {first['step']}, "
-                      f"before the second one stopped (step {stopped_at}), so this node's kernels are not "
-                      f"deterministic; {drift}")
+        return None, (f"not bit for bit: the two runs already differ at step {first['step']}, before the "
+                      f"second one stopped (step {stopped_at}), so this node's kernels are not deterministic "
+                      f"even in deterministic mode; {drift}")
     where = f"from step {first['step']}" if first else "in the final weights"
     return False, (f"NOT exact: the runs agree up to the stop at step {stopped_at}, the resumed one differs "
                    f"{where}; {drift}")
+
+
+def within_noise(straight_dir, again_dir, resumed_dir):
+    """(passed, a line): where kernels add in no fixed order, the resumed run's distance from the straight
+    one against a second straight run's. Drift alone puts both about as far (the largest difference over
+    many weights varies little between runs); a resume that loses state (AdamW's moments, a step of the
+    schedule, a batch) moves weights by up to an AdamW step, about the learning rate. Weaker than bit for
+    bit: the bound is NOISE_FACTOR times the straight runs' distance, plus NOISE_FLOOR."""
+    noise, gap = weight_gap(straight_dir, again_dir), weight_gap(straight_dir, resumed_dir)
+    bound = NOISE_FACTOR * noise + NOISE_FLOOR
+    return gap <= bound, (f"{'within' if gap <= bound else 'NOT within'} the noise: the resumed run's final "
+                          f"weights differ from the straight run's by up to {gap:.3g}, a second straight "
+                          f"run's by {noise:.3g} (bound {NOISE_FACTOR} x that + {NOISE_FLOOR:g} = "
+                          f"{bound:.3g})")
+
+
+def try_fit(ranks, precision):
+    """Whether fit_config trains on this node's GPUs at its own micro_batch_size: says so in a line."""
+    fit_dir = os.path.join('out', 'node_check', 'fit')
+    estimate = memory_estimate(fit_config)
+    stated = f"; its header estimates {estimate['compiled']} GB compiled" if estimate else ""
+    # batch_size sequences a rank, not the job's 1024 over the ranks: full micro-batches, fewer of them
+    args = [fit_config, f'--dataset={NODE_DATA}', '--device=cuda', f'--dtype={precision}', '--log_interval=1',
+            '--eval_iters=1', f'--eval_interval={FIT_STEPS}', f'--max_iters={FIT_STEPS}',
+            f'--gradient_accumulation_steps={ranks}', f'--out_dir={fit_dir}', '--overwrite=True']
+    fits = launch('fit', ranks, args, out_of_memory_ok=True)
+    if fits:
+        peak = max(r.get('peak_memory_gib', 0) for r in log_records(fit_dir)) * 2 ** 30 / 1e9
+        have = torch.cuda.get_device_properties(0).total_memory / 1e9  # every run has ended: no GPU is shared
+        print(f"fit: {fit_config} fits: peak {peak:.1f} GB of {have:.1f} GB per GPU in {FIT_STEPS} steps"
+              f"{stated}")
+    else:
+        print(f"fit: {fit_config} does NOT fit: out of memory in its first steps; lower micro_batch_size in "
+              f"it (the step stays the same){stated}")
+    shutil.rmtree(fit_dir, ignore_errors=True)  # a 1.6B model's checkpoint is about 20 GB
+    return fits
 
 
 def check_node():
@@ -190,6 +270,9 @@ def check_node():
     if not os.path.isfile(node_config):
         raise SystemExit(f"bench.py: node_config={node_config!r} not found; name a config file, "
                          f"e.g. config/resformer_82m.py")
+    if fit_config and not os.path.isfile(fit_config):
+        raise SystemExit(f"bench.py: fit_config={fit_config!r} not found; name a config file, or '' to skip "
+                         f"the fit")
     if node_iters < 2:
         raise SystemExit(f"bench.py: node_iters={node_iters}; use 2 or more (a run stops halfway to resume)")
     if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
@@ -211,47 +294,76 @@ def check_node():
     if gpus and ranks > gpus:
         raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, "
                          f"or 0 for all")
-    estimate = memory_estimate(node_config)
     write_synthetic_data(os.path.join('data', NODE_DATA))
     half = node_iters // 2
-    straight_dir, resumed_dir = (os.path.join('out', 'node_check', name) for name in ('straight', 'resumed'))
+    straight_dir, exact_dir, resumed_dir = (os.path.join('out', 'node_check', name)
+                                            for name in ('straight', 'deterministic', 'resumed'))
     # every step logged; one validation batch, at the start, where the second run stops (so that both runs
     # have the same best_val_loss there) and at the end
     common = [node_config, f'--dataset={NODE_DATA}', f'--device={kind}', f'--dtype={precision}',
               '--log_interval=1', '--eval_iters=1', f'--eval_interval={half}', *shlex.split(train_args)]
+    # deterministic mode's math attention keeps the T x T matrices on CUDA: a sequence a pass keeps them small
+    exact = [*common, '--deterministic=True', '--micro_batch_size=1']
     print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
           f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
           flush=True)
+    # speed and memory as the job runs; the resume compared in deterministic mode, which is slower
     launch('straight', ranks, [*common, f'--out_dir={straight_dir}', f'--max_iters={node_iters}',
                                '--overwrite=True'])
-    launch('first half', ranks, [*common, f'--out_dir={resumed_dir}', f'--max_iters={half}',
+    launch('deterministic', ranks, [*exact, f'--out_dir={exact_dir}', f'--max_iters={node_iters}',
+                                    '--overwrite=True'])
+    launch('first half', ranks, [*exact, f'--out_dir={resumed_dir}', f'--max_iters={half}',
                                  '--overwrite=True'])
-    launch('resumed', ranks, [*common, f'--out_dir={resumed_dir}', f'--max_iters={node_iters}',
+    launch('resumed', ranks, [*exact, f'--out_dir={resumed_dir}', f'--max_iters={node_iters}',
                               '--init_from=resume'])
 
     steps = [r for r in log_records(straight_dir) if 'train_loss' in r]
     speed = statistics.median(r['tokens_per_sec'] for r in steps)
     print(f"tokens/s: {speed:,.0f} for the job, {speed / ranks:,.0f} per rank (median of the straight run's "
           f"{len(steps)} steps)")
+    model_args = torch.load(os.path.join(straight_dir, 'ckpt.pt'), map_location='cpu', mmap=True,
+                            weights_only=True)['model_args']
+    with torch.device('meta'):
+        model = GPT(GPTConfig(**model_args))
+    ours, palm = (model.flops_per_token(model.config.block_size, causal) * speed / ranks / 1e12
+                  for causal in (True, False))
+    print(f"model FLOP/s per GPU: {ours:.3g} TFLOP/s counting causal attention's half of the T x T matrices "
+          f"(ours), {palm:.3g} TFLOP/s counting all of them (PaLM's and nanoGPT's)")
     if 'mfu' in steps[0]:
-        print(f"MFU per GPU: {100 * statistics.median(r['mfu'] for r in steps):.1f}%")
+        print(f"MFU per GPU: {100 * statistics.median(r['mfu'] for r in steps):.1f}% (ours), "
+              f"{100 * statistics.median(r['mfu_palm'] for r in steps):.1f}% (PaLM's)")
     else:
-        print("MFU per GPU: none, train.py knows no peak FLOP/s for this device; give it with "
-              "--train_args='--peak_tflops=...'")
-    stated = (f"{node_config}'s header estimates about {estimate[0]:g}-{estimate[1]:g} GB" if estimate
+        print("MFU per GPU: none, train.py knows no peak FLOP/s for this device (support.PEAK_TFLOPS); give "
+              "one GPU's dense bf16 TFLOP/s with --train_args='--peak_tflops=...'")
+    # train.py compiles on CUDA unless told otherwise
+    compiled = next((arg == '--compile=True' for arg in reversed(shlex.split(train_args))
+                     if arg.startswith('--compile=')), kind == 'cuda')
+    mode, estimate = 'compiled' if compiled else 'eager', memory_estimate(node_config)
+    stated = (f"{node_config}'s header estimates about {estimate[mode]} GB {mode}" if estimate
               else f"{node_config}'s header states no estimate")
     if 'peak_memory_gib' in steps[0]:
         peak_gb = max(r['peak_memory_gib'] for r in steps) * 2 ** 30 / 1e9
-        above = ", ABOVE the estimate" if estimate and peak_gb > estimate[1] else ""
+        above = "" if not estimate else ", ABOVE it" if peak_gb > ABOVE * estimate[mode] else ", within it"
         print(f"peak memory per GPU: {peak_gb:.1f} GB; {stated}{above}")
     else:
         why = 'not in log.jsonl' if gpus else 'CUDA only'
         print(f"peak memory per GPU: not measured ({why}); {stated}")
-    exact, how = compare_resume(straight_dir, resumed_dir, half)
+    passed, how = compare_resume(exact_dir, resumed_dir, half)
+    if passed is None:  # two deterministic runs apart already: how far apart does noise alone put them?
+        print(f"resume: {how}", flush=True)
+        again_dir = os.path.join('out', 'node_check', 'deterministic_again')
+        launch('deterministic again', ranks, [*exact, f'--out_dir={again_dir}', f'--max_iters={node_iters}',
+                                              '--overwrite=True'])
+        passed, how = within_noise(exact_dir, again_dir, resumed_dir)
     print(f"resume: {how}")
-    if not exact:
+    if not passed:
         raise SystemExit("bench.py: node check failed: a resumed run does not continue exactly (line above)")
-    print(f"node check passed (logs and checkpoints: {straight_dir}, {resumed_dir})")
+    if fit_config and gpus:
+        if not try_fit(ranks, precision):
+            raise SystemExit(f"bench.py: node check failed: {fit_config} does not fit (line above)")
+    else:
+        print(f"fit: not tried ({'CUDA only' if fit_config else 'fit_config is empty'})")
+    print(f"node check passed (logs and checkpoints: {straight_dir}, {exact_dir}, {resumed_dir})")
 
 
 if node_check:

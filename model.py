@@ -458,20 +458,21 @@ class GPT(nn.Module):
             n -= 0 if self.config.tie_embeddings else self.wte.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len):
+    def flops_per_token(self, seq_len, causal=True):
         """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus
         causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2
         on average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
-        nanoGPT's formula (PaLM's appendix B) counts the full T x T matrices, 12·L·d·T, which credits work
-        no kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the 6N term,
-        nearly twice the MFU."""
+        causal=False gives nanoGPT's formula (PaLM's appendix B), the full T x T matrices, 12·L·d·T, which
+        credits work no kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the
+        6N term, nearly twice the MFU. It is the one published MFUs use."""
         cfg = self.config
-        return 6 * self.num_params(exclude_embedding=True) + 6 * cfg.n_layer * cfg.n_embd * seq_len
+        attention = (6 if causal else 12) * cfg.n_layer * cfg.n_embd * seq_len
+        return 6 * self.num_params(exclude_embedding=True) + attention
 
-    def estimate_mfu(self, tokens_per_second, seq_len, peak_flops):
+    def estimate_mfu(self, tokens_per_second, seq_len, peak_flops, causal=True):
         """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under
         DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
-        return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
+        return self.flops_per_token(seq_len, causal) * tokens_per_second / peak_flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=(), muon=None):
         """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α).

@@ -1,16 +1,20 @@
 """bench.py --smoke: every section runs and the report is well formed. No timing is checked: the numbers of a
 smoke run mean nothing, and a loaded machine must not fail the suite. bench.py --compile=True compiles every
 contender. bench.py --node_check, on 2 CPU ranks at a tiny shape."""
+import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import torch
 
+from configurator import _read_config_file
 from model import VARIANTS
 from prepare import load_meta, open_split
 
@@ -43,7 +47,7 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
     # the node check's and the estimate check's, each under a heading of their own
     assert settings[25][0] == "--train_args=''" and settings[-1][0] == '--estimate_iters=100'
-    assert len(settings) == 29 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert len(settings) == 30 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [
@@ -134,9 +138,9 @@ def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(
     assert results['settings']['compile'] and {row['variant'] for row in results['decode']} == set(VARIANTS)
 
 
-# The 82M config's model at a tiny width and depth, its
-# global batch of 1024 sequences cut to 8, on 2 CPU ranks
-NODE_CHECK = ['--node_check', '--nproc=2', '--device=cpu', '--node_iters=4',
+# The 82M config's model at a tiny width and depth, its global batch of 1024 sequences cut to 8, on 2 CPU
+# ranks; no fit run (it runs on CUDA alone)
+NODE_CHECK = ['--node_check', '--nproc=2', '--device=cpu', '--node_iters=4', '--fit_config=',
               f'--node_config={HERE}/config/resformer_82m.py']
 TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 '
               '--gradient_accumulation_steps=1')
@@ -148,33 +152,125 @@ def node_check(cwd, train_args):
                           timeout=300)
 
 
-def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_ranks(tmp_path):
-    run = node_check(tmp_path, f'{TINY_SHAPE} --peak_tflops=1')  # a made-up peak, for an MFU on a CPU
+@pytest.fixture(scope='module')
+def node_run(tmp_path_factory):
+    """A node check that passes, and the folder it ran in."""
+    folder = tmp_path_factory.mktemp('node_check')
+    return folder, node_check(folder, f'{TINY_SHAPE} --peak_tflops=1')  # a made-up peak, for an MFU on a CPU
+
+
+@functools.cache
+def bench_globals():
+    """bench.py's functions and constants, without running it: a node check that stops at its settings
+    checks, which come after them all."""
+    argv, sys.argv = sys.argv, ['bench.py', '--node_check', '--node_iters=1']
+    namespace = {'__name__': 'bench', '__file__': os.path.join(HERE, 'bench.py')}
+    try:
+        with pytest.raises(SystemExit):
+            exec(compile(Path(namespace['__file__']).read_text(), namespace['__file__'], 'exec'), namespace)
+    finally:
+        sys.argv = argv
+    return namespace
+
+
+def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_ranks(node_run):
+    tmp_path, run = node_run
     assert run.returncode == 0 and 'Traceback' not in run.stderr, run.stdout + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith(f'node check: {HERE}/config/resformer_82m.py on 2 CPU ranks (gloo, float32)')
     torchrun = ' run: python -m torch.distributed.run --standalone --nproc_per_node=2 '
     launched = [line for line in lines if torchrun in line]
-    assert [line.split(' run:')[0] for line in launched] == ['straight', 'first half', 'resumed']
-    assert launched[2].endswith('--out_dir=out/node_check/resumed --max_iters=4 --init_from=resume')
+    assert [line.split(' run:')[0] for line in launched] == ['straight', 'deterministic', 'first half',
+                                                             'resumed']
+    assert '--deterministic' not in launched[0]  # speed and memory as the job runs
+    exact = ' --deterministic=True --micro_batch_size=1 --out_dir=out/node_check/'
+    assert launched[1].endswith(f'{exact}deterministic --max_iters=4 --overwrite=True')
+    assert launched[3].endswith(f'{exact}resumed --max_iters=4 --init_from=resume')
     job, per_rank = (float(n.replace(',', '')) for n in re.fullmatch(
         r"tokens/s: ([\d,]+) for the job, ([\d,]+) per rank \(median of the straight run's 4 steps\)",
         next(line for line in lines if line.startswith('tokens/s'))).groups())
     assert job > 0 and abs(per_rank - job / 2) <= 1
-    assert re.fullmatch(r'MFU per GPU: \d+\.\d%', next(line for line in lines if line.startswith('MFU')))
-    # no GPU, no peak memory; the estimate is read from the config's header, "... about 45-60 GB ..."
+    # both conventions: PaLM's counts the full T x T attention, so it credits more FLOPs (here, at T = 64, a
+    # fraction of a percent more: the printed figures may round alike)
+    ours, palm = map(float, re.fullmatch(
+        r"model FLOP/s per GPU: (\S+) TFLOP/s counting causal attention's half of the T x T matrices "
+        r"\(ours\), (\S+) TFLOP/s counting all of them \(PaLM's and nanoGPT's\)",
+        next(line for line in lines if line.startswith('model FLOP/s'))).groups())
+    mfu, mfu_palm = map(float, re.fullmatch(r"MFU per GPU: (\d+\.\d)% \(ours\), (\d+\.\d)% \(PaLM's\)",
+                                            next(line for line in lines if line.startswith('MFU'))).groups())
+    assert 0 < ours <= palm and 0 < mfu <= mfu_palm
+    # no GPU, no peak memory; the config header's estimate for the mode that ran (eager, on a CPU)
     assert (f"peak memory per GPU: not measured (CUDA only); {HERE}/config/resformer_82m.py's header "
-            f"estimates about 45-60 GB") in lines
-    assert lines[-2].startswith("resume: exact: stopped at step 2 and resumed, the run's log (7 records) and")
+            f"estimates about 56 GB eager") in lines
+    assert lines[-3].startswith("resume: exact: stopped at step 2 and resumed, the run's log (7 records) and")
+    assert lines[-2] == 'fit: not tried (fit_config is empty)'
     assert lines[-1].startswith('node check passed')
-    # what it wrote: data that prepare.py's reader accepts, and two runs that ended alike
+    # what it wrote: data that prepare.py's reader accepts, and two deterministic runs that ended alike
     meta = load_meta(tmp_path / 'data' / 'node_check')
     assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) > 65536
     straight, resumed = (torch.load(tmp_path / 'out' / 'node_check' / name / 'ckpt.pt', weights_only=True)
-                         for name in ('straight', 'resumed'))
+                         for name in ('deterministic', 'resumed'))
     assert straight['iter_num'] == resumed['iter_num'] == 4
     assert straight['model'].keys() == resumed['model'].keys()
     assert all(torch.equal(straight['model'][k], resumed['model'][k]) for k in straight['model'])
+
+
+def nudge(run_dir, by):
+    """Add `by` to one weight of the run's final checkpoint."""
+    checkpoint = torch.load(run_dir / 'ckpt.pt', weights_only=True)
+    next(t for t in checkpoint['model'].values() if t.is_floating_point()).view(-1)[0] += by
+    torch.save(checkpoint, run_dir / 'ckpt.pt')
+
+
+def test_a_resumed_run_whose_weights_differ_fails_and_within_the_noise_up_to_the_bound(node_run, tmp_path):
+    bench = bench_globals()
+    runs = shutil.copytree(node_run[0] / 'out' / 'node_check', tmp_path / 'runs')
+    straight, resumed, again = runs / 'deterministic', runs / 'resumed', runs / 'again'
+    assert bench['compare_resume'](straight, resumed, 2)[0] is True
+    nudge(resumed, 1e-3)  # the logs still agree: only the weights tell
+    passed, how = bench['compare_resume'](straight, resumed, 2)
+    assert passed is False and how.startswith(
+        'NOT exact: the runs agree up to the stop at step 2, the resumed one differs in the final weights')
+    # where deterministic mode does not hold: a second straight run 1e-3 away allows 2 x 1e-3 + 1e-6
+    shutil.copytree(straight, again)
+    nudge(again, 1e-3)
+    assert bench['within_noise'](straight, again, resumed)[0] is True
+    nudge(resumed, 2e-3)
+    passed, how = bench['within_noise'](straight, again, resumed)
+    assert passed is False and how.startswith("NOT within the noise: the resumed run's final weights differ")
+
+
+def test_a_run_out_of_memory_is_what_the_fit_reports_rather_than_a_failed_run(tmp_path, monkeypatch):
+    """launch as the fit calls it: a model too big for memory, which train.py refuses in one line before it
+    allocates anything (and under an address-space limit all the same), returns False."""
+    bench = bench_globals()
+    limited = tmp_path / 'python'
+    limited.write_text(f'#!/bin/sh\nulimit -v {8 << 20}\nexec {sys.executable} "$@"\n')  # 8 GB, in kB
+    limited.chmod(0o755)
+    monkeypatch.setattr(sys, 'executable', str(limited))
+    monkeypatch.chdir(tmp_path)
+    bench['write_synthetic_data'](os.path.join('data', 'node_check'))
+    assert bench['launch']('fit', 1, ['--dataset=node_check', '--device=cpu', '--n_embd=200000',
+                                      '--out_dir=out/fit'], out_of_memory_ok=True) is False
+    assert not (tmp_path / 'out' / 'fit').exists()
+
+
+def test_every_full_scale_configs_header_states_the_memory_bench_computes_for_it():
+    """bench.py reads each header's estimate; memory_estimate_gb recomputes it from the config's settings,
+    so no header drifts from the one method (docs/training.md, 'How the memory estimates are made')."""
+    bench = bench_globals()
+    checked = []
+    for path in sorted(Path(HERE, 'config').glob('*.py')):
+        if path.name == 'paper_recipe.py' or 'paper_recipe.py' not in path.read_text():
+            continue  # the full-scale configs run the recipe first
+        settings = _read_config_file(str(path))
+        assert bench['memory_estimate'](path) == {
+            'eager': round(bench['memory_estimate_gb'](settings, compiled=False)),
+            'compiled': round(bench['memory_estimate_gb'](settings, compiled=True)),
+            'sequences': settings['micro_batch_size'] or settings['batch_size'],
+            'tokens': settings['block_size']}, path.name
+        checked.append(path.name)
+    assert len(checked) >= 15 and 'resformer_1b6.py' in checked
 
 
 def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
@@ -192,6 +288,8 @@ def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
                                          "resume)"),
     (['--device=cpu', '--node_config=nope.py'], "bench.py: node_config='nope.py' not found; name a config "
                                                 "file, e.g. config/resformer_82m.py"),
+    (['--device=cpu', '--fit_config=nope.py'], "bench.py: fit_config='nope.py' not found; name a config "
+                                               "file, or '' to skip the fit"),
     (['--device=cuda'], "bench.py: the node check found no GPU (torch.cuda.is_available() is False: no GPU, "
                         "or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu with a "
                         "tiny shape (docs/training.md, 'Checking a node')"),
@@ -200,7 +298,7 @@ def test_node_check_settings_it_cannot_run_exit_with_one_line_before_any_run(tmp
     if args == ['--device=cuda'] and torch.cuda.is_available():
         pytest.skip('a GPU is here')
     run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--node_check', NODE_CHECK[-1],
-                          *args], cwd=tmp_path, capture_output=True, text=True)
+                          '--fit_config=', *args], cwd=tmp_path, capture_output=True, text=True)
     assert (run.returncode, run.stdout, run.stderr.splitlines()[-1]) == (1, '', message)
     assert os.listdir(tmp_path) == []  # no data written, no run started
 

@@ -33,9 +33,9 @@ PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 
 PAPER_BATCH = {512: 4096, 2048: 1024, 8192: 256, 32_000: 64, 64_000: 32}
 # config -> its steps when not the recipe's 10,000: the 1.6B model's second-hand 200B tokens
 LONGER_RUNS = {'resformer_1b6.py': 100_000}
-# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, from the estimates
-# in paper_recipe.py (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention ablation
-# needs half
+# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, as the config
+# headers' estimates have it (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention
+# ablation needs half
 MICRO_BATCH_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
 
 

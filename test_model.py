@@ -696,6 +696,8 @@ def test_paper_model_sizes(layers, heads, d, ffn, target):
     flops = model.flops_per_token(2048)
     assert flops == 6 * (n - V * d) + 6 * layers * d * 2048  # causal attention: half the T x T matrices
     assert model.estimate_mfu(1000.0, 2048, 1e15) == pytest.approx(flops * 1000.0 / 1e15)
+    # PaLM's and nanoGPT's count: the full T x T matrices, 12·L·H·Q·T (H·Q = d)
+    assert model.flops_per_token(2048, causal=False) == flops + 6 * layers * d * 2048
 
 
 def test_tied_embeddings_count_once():

@@ -106,6 +106,7 @@ device = 'auto'  # 'auto' picks cuda, else cpu (mps only by name); or 'cpu', 'cu
 dtype = 'auto'  # 'auto' = bfloat16 on GPUs that have it, else float16 on CUDA, else float32; or name one
 compile = None  # torch.compile: None = on for CUDA, off elsewhere (where it does not pay for itself)
 peak_tflops = 0.0  # one accelerator's peak for MFU at this dtype; 0 = the GPU's, support.PEAK_TFLOPS
+deterministic = False  # deterministic kernels (math attention on CUDA): repeatable bit for bit, slower
 seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
@@ -144,6 +145,15 @@ device = support.pick_device(device, too_big_for_cpu)
 if ddp and device.startswith('cuda'):
     device = f'cuda:{ddp_local_rank}'
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+if deterministic:  # bench.py's node check: a resumed run must then end as a straight one, bit for bit
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS reads it once, at its first call
+    # an op with no deterministic kernel warns rather than stops the run: the node check then finds the runs
+    # apart and falls back to its bound
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device_type == 'cuda':  # the fused attention kernels' backwards add in no fixed order
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
 if device_type == 'cuda':  # before anything touches CUDA, or every rank's context opens on GPU 0 as well
     torch.cuda.set_device(device)
 ptdtype = support.pick_dtype(dtype, device_type)
@@ -488,9 +498,11 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                 t_log, steps_timed = time.time(), 0
                 record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
                           'lr': lr, 'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
-                if peak:  # of one GPU: what each rank trains on, against its peak
-                    record['mfu'] = raw_model.estimate_mfu(tokens_per_sec / ddp_world_size, block_size,
-                                                           peak * 1e12)
+                if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full
+                    # T x T attention, as PaLM's and nanoGPT's MFU do
+                    rate = tokens_per_sec / ddp_world_size
+                    record['mfu'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12)
+                    record['mfu_palm'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12, causal=False)
                 if device_type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
                     record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
                 if raw_model.config.lambda_mode != 'fixed':
@@ -498,7 +510,8 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
                 if log_grad_norms:
                     record['grad_norms'] = grad_norms
                 run.log(record)
-                mfu = f", mfu {100 * record['mfu']:.1f}% of {peak:g} TFLOP/s per GPU" if peak else ""
+                mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
+                       f"{peak:g} TFLOP/s per GPU" if peak else "")
                 progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
                 say(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, "
                     f"{tokens_per_sec:,.0f} tok/s{mfu}")

@@ -24,8 +24,7 @@
 #   python eval.py --out_dir=out/main468m_resformer_identity
 #   python eval.py --out_dir=out/main468m_resformer_learnable
 #   python eval.py --out_dir=out/main468m_resformer_learnable_plus
-# Memory: micro_batch_size = 8 sequences of 2048 tokens per GPU, about 39-49 GB (16 would need 71-90 GB; paper_recipe.py
-# says how estimated).
+# Memory: about 40 GB eager, 27 GB compiled per GPU at 8 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/main468m_resformer_identity'

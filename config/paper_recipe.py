@@ -28,18 +28,14 @@
 # Prepare the data first: python prepare.py --dataset=slimpajama   (21e9 tokens of the paper's tokenizer; needs `pip
 # install datasets` and the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders):
 # add --input=DIR
-# Memory per GPU, as each config's header states it: an estimate, not measured on a GPU. Tensors saved for backward
-# (bf16 autocast, eager) were counted with torch.autograd.graph.saved_tensors_hooks on a CPU at micro-batch 1, 256 and
-# 512 tokens, 2 and 3 layers of each shape, and scaled linearly to its layers and micro-batch x 2048 tokens; to them
-# come 16 bytes per parameter (fp32 weights, fp32 gradients, which DDP's buckets hold as views, AdamW's two moments)
-# and the fp32 gradient of the logits, then up to a third more for what that count misses (it gives 45 GB for the 82M model at
-# 32 x 2048, where the eager peak was found at 55-60 GB). torch.compile, on by default on CUDA, needs less (82M: 25-40 GB).
+# Memory per GPU: each full-scale config's header states it, eager and compiled, all by one method (bench.py's
+# memory_estimate_gb; docs/training.md, 'How the memory estimates are made'): estimates, not measured on a GPU.
 dataset = 'slimpajama_neox'
 block_size = 2048
 batch_size = 32  # x gradient_accumulation_steps = the global batch of 1024 sequences, on any number of ranks
 gradient_accumulation_steps = 32  # 1024 sequences = 8 GPUs x 128 each, in micro-batches of micro_batch_size
-micro_batch_size = 32  # per GPU and forward pass (4 micro-steps on 8 GPUs): fits the 82M model in 80 GB (about
-# 45-60 GB); the larger configs lower it. Lower it further to fit memory: the step (its batch and result) is unchanged
+micro_batch_size = 32  # per GPU and forward pass (4 micro-steps on 8 GPUs): fits the 82M model in 80 GB
+# (resformer_82m.py's header); the larger configs lower it. Lower it further to fit memory: the step (its batch and result) is unchanged
 max_iters = 10000
 lr_decay_iters = 10000
 warmup_iters = 120

@@ -11,8 +11,9 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_vanilla_1b6_200B
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_resformer_1b6_200B
-# Memory: micro_batch_size = 4 sequences of 2048 tokens per GPU, about 55-64 GB, most of it the 1.67B parameters' 27 GB
-# of weights, gradients and AdamW state (8 would need 83-101 GB; 2 if 4 does not fit; paper_recipe.py says how estimated).
+# Memory: about 57 GB eager, 45 GB compiled per GPU at 4 sequences of 2048 tokens a pass (docs/training.md).
+# Most of it is the 1.67B parameters' weights, gradients, AdamW state and bf16 copies (18 bytes each); if 4 does
+# not fit, take micro_batch_size=2.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/scale_resformer_1b6'
