@@ -14,6 +14,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -134,6 +135,32 @@ def test_the_cost_estimate_changes_nothing(workdir):
     assert lines[3].startswith('step 0: val loss')  # the estimate comes before any long work
     assert records(workdir, 'out_probed') == records(workdir, 'out_unprobed')
     assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
+
+
+def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypatch):
+    """Training windows are read a step ahead, in a thread, while the step before computes (a network file
+    system stalls every read): the log and weights are bit-identical to those of the same train.py reading
+    each step's windows in the step (dropout on, 2 micro-batches a step)."""
+    source = (REPO / 'train.py').read_text()
+    ahead = 'reader.submit(rank_rows, iter_num + 1) if iter_num + 1 < max_iters else None'
+    assert source.count(ahead) == 1
+    (workdir / 'train_in_step.py').write_text(source.replace(ahead, 'None'))
+    stack, in_main_thread = np.stack, []
+
+    def noted(*args, **kwargs):
+        in_main_thread.append(threading.current_thread() is threading.main_thread())
+        return stack(*args, **kwargs)
+
+    monkeypatch.setattr(np, 'stack', noted)
+    args = [*TINY, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6', '--dropout=0.1',
+            '--variant=resformer_learnable', '--gradient_accumulation_steps=2', '--batch_size=4']
+    train_here(workdir, [*args, '--out_dir=out_ahead'])
+    assert in_main_thread.count(False) == 5 * 2  # steps 1-5, each 2 micro-batches; step 0 in the main thread
+    in_main_thread.clear()
+    train_here(workdir, [*args, '--out_dir=out_in_step'], script=workdir / 'train_in_step.py')
+    assert in_main_thread and all(in_main_thread)
+    assert records(workdir, 'out_ahead') == records(workdir, 'out_in_step')
+    assert_same_weights(weights(workdir, 'out_ahead'), weights(workdir, 'out_in_step'))
 
 
 def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
