@@ -9,8 +9,10 @@ import os
 import random
 import resource
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -116,6 +118,32 @@ def test_the_cost_estimate_changes_nothing(workdir):
     assert lines[3].startswith('step 0: val loss')  # the estimate comes before any long work
     assert records(workdir, 'out_probed') == records(workdir, 'out_unprobed')
     assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
+
+
+def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypatch):
+    """Training windows are read a step ahead, in a thread, while the step before computes (a network file
+    system stalls every read): the log and weights are bit-identical to those of the same train.py reading
+    each step's windows in the step (dropout on, 2 micro-batches a step)."""
+    source = (REPO / 'train.py').read_text()
+    ahead = 'reader.submit(rank_rows, iter_num + 1) if iter_num + 1 < max_iters else None'
+    assert source.count(ahead) == 1
+    (workdir / 'train_in_step.py').write_text(source.replace(ahead, 'None'))
+    stack, in_main_thread = np.stack, []
+
+    def noted(*args, **kwargs):
+        in_main_thread.append(threading.current_thread() is threading.main_thread())
+        return stack(*args, **kwargs)
+
+    monkeypatch.setattr(np, 'stack', noted)
+    args = [*TINY, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6', '--dropout=0.1',
+            '--variant=resformer_learnable', '--gradient_accumulation_steps=2', '--batch_size=4']
+    train_here(workdir, [*args, '--out_dir=out_ahead'])
+    assert in_main_thread.count(False) == 5 * 2  # steps 1-5, each 2 micro-batches; step 0 in the main thread
+    in_main_thread.clear()
+    train_here(workdir, [*args, '--out_dir=out_in_step'], script=workdir / 'train_in_step.py')
+    assert in_main_thread and all(in_main_thread)
+    assert records(workdir, 'out_ahead') == records(workdir, 'out_in_step')
+    assert_same_weights(weights(workdir, 'out_ahead'), weights(workdir, 'out_in_step'))
 
 
 def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
@@ -802,12 +830,18 @@ def rank_pid(torchrun_pid, rank):
                 if f'RANK={rank}'.encode() in Path(f'/proc/{pid}/environ').read_bytes().split(b'\0'))
 
 
-def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(workdir):
+@pytest.fixture(scope='module')
+def ddp_straight(workdir):
+    """out_ddp_straight: torchrun with 2 ranks, 40 steps without a break."""
+    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
+    return records(workdir, 'out_ddp_straight')
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(workdir, ddp_straight):
     """SIGTERM to rank 1 alone (a scheduler's signal may reach the ranks at different steps): every rank stops
     at the same step, rank 0 saves it once, and a resumed torchrun equals an uninterrupted one, log and
     weights. The save takes 35 s (a 1.6B checkpoint is about 20 GB), longer than torchrun waits after a rank
     exits before it kills the others (30 s): rank 1 must wait for rank 0's save instead of exiting at once."""
-    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
     process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                 '--nproc_per_node=2', *stopping_at(workdir, 5, rank=1), *TINY, *LONG,
                                 '--out_dir=out_ddp_term'], cwd=workdir,
@@ -823,8 +857,52 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
     assert not list((workdir / 'out_ddp_term').glob('*.tmp'))
     assert max(log(workdir, 'out_ddp_term', 'train_loss')) == step
     torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
-    assert records(workdir, 'out_ddp_term') == records(workdir, 'out_ddp_straight')
+    assert records(workdir, 'out_ddp_term') == ddp_straight
     assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
+
+
+def two_nodes(workdir, *args, node_1=(), script=(REPO / 'train.py',)):
+    """Two torchruns of one CPU rank each, as two nodes start them (a static rendezvous at a free port here):
+    node 1's rank has RANK=1 and LOCAL_RANK=0. node_1: more arguments for node 1's rank alone."""
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        port = s.getsockname()[1]
+    return [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2',
+                              '--nproc_per_node=1', f'--node_rank={node}', '--master_addr=localhost',
+                              f'--master_port={port}', *script, *args, *(node_1 if node else ())],
+                             cwd=workdir, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for node in (0, 1)]
+
+
+def ended(nodes, code=0):
+    """Both nodes' stderr, once each has exited with code."""
+    stderrs = [node.communicate(timeout=120)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [code, code], stderrs[0][-3000:] + stderrs[1][-3000:]
+    return stderrs
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason='needs torch.distributed with gloo')
+def test_two_nodes_train_as_one_and_resume_after_sigterm_to_node_1(workdir, ddp_straight):
+    """Two simulated nodes of one rank each train exactly as 2 ranks on one node do, log and weights, and only
+    global rank 0 writes: node 1's rank, given an out_dir of its own, never makes it. SIGTERM to node 1's rank
+    stops both at one step, rank 0 saves it once (into out_dir, which a resume needs on a shared file system),
+    and the resumed run ends as the straight one."""
+    ended(two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n', node_1=['--out_dir=out_2n_node_1']))
+    assert records(workdir, 'out_2n') == ddp_straight and not (workdir / 'out_2n_node_1').exists()
+    assert_same_weights(weights(workdir, 'out_2n'), weights(workdir, 'out_ddp_straight'))
+
+    nodes = two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n_term', script=stopping_at(workdir, 5, rank=1))
+    rank_1 = wait_until_stopped(nodes[1], lambda: rank_pid(nodes[1].pid, 1))
+    os.kill(rank_1, signal.SIGTERM)
+    os.kill(rank_1, signal.SIGCONT)
+    stderrs = ended(nodes, code=1)
+    assert 'train.py: stopped by SIGTERM at step 5; saved out_2n_term/ckpt.pt' in stderrs[0], stderrs[0]
+    assert ''.join(stderrs).count('train.py: stopped by SIGTERM') == 1
+    ended(two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n_term', '--init_from=resume'))
+    assert records(workdir, 'out_2n_term') == ddp_straight
+    assert_same_weights(weights(workdir, 'out_2n_term'), weights(workdir, 'out_ddp_straight'))
 
 
 STEP_CLOCK = """import os, runpy, sys, time

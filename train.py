@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 
@@ -239,17 +240,33 @@ def epoch_places(step):
     return list(zip(shard.tolist(), ((number - first_window[shard]) * block_size).tolist()))
 
 
-def windows(shards, places):
-    """Windows of block_size + 1 tokens at places, as (inputs, next-token targets) on the device. One
-    contiguous block is pinned and copied, then sliced there: a slice's strides would send the copy through
-    pageable memory."""
+def read_windows(shards, places):
+    """Windows of block_size + 1 tokens at places, as one block of rows on the CPU (pinned for a CUDA copy),
+    to be copied whole and sliced on the device: a slice's strides would send the copy through pageable
+    memory."""
     rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
+    return rows.pin_memory() if device_type == 'cuda' else rows
+
+
+def on_device(rows):
+    """(inputs, next-token targets) on the device, from read_windows's rows."""
     if rows.max() >= data_meta['vocab_size']:  # open_split scans only the (small) validation split
         raise SystemExit(f"train.py: {data_dir} holds token id {rows.max()}, outside the vocabulary of "
                          f"{data_meta['vocab_size']}; run `{prepare_command(data_dir)}` again; "
                          f"stopped, {run.kept()}")
-    rows = rows.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else rows.to(device)
+    rows = rows.to(device, non_blocking=device_type == 'cuda')
     return rows[:, :-1], rows[:, 1:]
+
+
+def windows(shards, places):
+    return on_device(read_windows(shards, places))
+
+
+def rank_rows(step):
+    """This rank's micro-batches of the step's training windows, read: the loop reads the next step's in a
+    thread while this one computes, so a slow (network) file system stalls no step."""
+    places = global_batch_places(step)
+    return [read_windows(train_shards, places[start:stop]) for start, stop in rank_micro_batches]
 
 
 def validation_set(shards, count, what):
@@ -414,11 +431,12 @@ first_step = iter_num
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, dynamic_ncols=True,
                 mininterval=1.0)
 say = progress.write if master_process else lambda line: None  # rank 0 speaks, above the bar
-with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal saves; an error ends every rank
+# a stop signal saves; an error ends every rank; reader reads training windows a step ahead
+with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1) as reader:
     if not eval_only and iter_num < max_iters:
         estimate_time()  # before the step-0 evaluation, and every rank (a backward all-reduces under DDP)
         progress.unpause()  # the bar's clock skips it
-    t_log, steps_timed = time.time(), 0
+    t_log, steps_timed, next_rows = time.time(), 0, None
     while True:
         signals.step_boundary()  # under torchrun, a stop signal to any rank stops them all here
         if eval_only or iter_num % eval_interval == 0 or iter_num == max_iters:
@@ -456,10 +474,12 @@ with signals.caught(run, checkpoint, nonfinite), progress:  # a stop signal save
         for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_scale']
         torch.manual_seed(seeded(iter_num, -1 - ddp_rank))  # dropout noise for this step and rank
-        places = global_batch_places(iter_num)
+        # read while the last step computed (an error in the read is raised here, by result())
+        rows = next_rows.result() if next_rows else rank_rows(iter_num)
+        next_rows = reader.submit(rank_rows, iter_num + 1) if iter_num + 1 < max_iters else None
         train_loss = torch.zeros((), device=device)
-        for micro_step, (start, stop) in enumerate(rank_micro_batches):
-            x, y = windows(train_shards, places[start:stop])
+        for micro_step, ((start, stop), batch) in enumerate(zip(rank_micro_batches, rows)):
+            x, y = on_device(batch)
             if ddp:  # all-reduce the gradients once a step, in the last micro-step's backward
                 ddp_model.require_backward_grad_sync = micro_step == len(rank_micro_batches) - 1
             with autocast:
