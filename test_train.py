@@ -1233,10 +1233,10 @@ def test_resuming_with_max_iters_below_the_checkpoints_step_leaves_it_alone(work
 MUON = ['--optimizer=muon', '--muon_lr=0.02', '--max_iters=8', '--eval_interval=4', '--lr_decay_iters=8']
 
 
-@pytest.mark.parametrize('table', ['value_embeds', 'value_bank'])
-def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(table):
+@pytest.mark.parametrize('flag, table', [('value_embeds', 'attn.value_embed.'), ('value_bank', 'attn.bank.')])
+def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(flag, table):
     model = GPT(GPTConfig(vocab_size=64, n_layer=3, n_head=2, n_embd=32, block_size=16, value_residual=True,
-                          lambda_mode='learnable', **{table: True}))
+                          lambda_mode='learnable', **{flag: True}))
     optimizer = model.configure_optimizers(0.1, 2e-3, (0.9, 0.95), 'cpu', [['blocks.0.attn.c_q.weight', 2.0]],
                                            muon=(0.02, 'original'))
     muon = {id(p) for group in optimizer.muon.param_groups for p in group['params']}
