@@ -182,10 +182,10 @@ def test_run_names_identify_settings():
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer
     # and value embeddings are other suites'); controls: 4 new (its Transformer and Identity are depth's);
-    # muon_lr: 4 rates at 2 depths; optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each depth's
+    # muon_lr: 5 rates at 2 depths; optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each depth's
     # Transformer is muon_lr's), at the depths swept so far
     muon = sum({4: 3, 8: 1}[depth] for _, depth in reproduce.MUON_LR)
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 4 * 2 * 3 + muon * 3
+    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3 + muon * 3
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
