@@ -78,7 +78,7 @@ fit_config = 'config/resformer_1b6.py'  # the largest config the node is meant f
 #   at its own micro_batch_size (CUDA only); '' = skip
 # --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
-estimate_configs = ('', 'config/shakespeare_char.py', 'config/small_svformer.py')  # '' = train.py's defaults
+estimate_configs = ('', 'config/small_ablation.py', 'config/small_svformer.py')  # '' = train.py's defaults
 estimate_iters = 100  # steps a run; the measured mean leaves out the first 10 (the first log record)
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
