@@ -602,6 +602,35 @@ def group_rows(groups):
             "|---|---|---|---|---|---|---|---|---|"] + rows
 
 
+def optimizer_rows(groups):
+    """Each variant's gain over the Transformer under AdamW and under Muon (per seed, each against the
+    Transformer of its optimizer), and the paired difference of the two gains: resolved where |t| is large."""
+    rows = []
+    for label, muon in groups.items():
+        adamw = groups.get(label.replace(' muon ', ' '))
+        if ' muon ' not in label or label == muon['baseline'] or not adamw:
+            continue
+        gains = []
+        for group in (adamw, muon):
+            base = groups[group['baseline']]
+            base_loss = {s: r['final_val_loss'] for r, s in zip(base['runs'], base['seeds'])}
+            gains.append({s: r['final_val_loss'] - base_loss[s]
+                          for r, s in zip(group['runs'], group['seeds']) if s in base_loss})
+        seeds = sorted(gains[0].keys() & gains[1].keys())
+        if not seeds:
+            continue
+        cells = [paired_t([g[s] for s in seeds], [0.0] * len(seeds)) for g in gains]
+        cells.append(paired_t([gains[1][s] for s in seeds], [gains[0][s] for s in seeds]))
+        rows.append(f"| {label.replace(' muon', '')} | {len(seeds)} | "
+                    + ' | '.join(f"{m:+.4f} ± {sd:.4f} ({fmt(t, 1)})" for m, sd, t in cells) + ' |')
+    if not rows:
+        return []
+    return ['', "Each variant's Δ against the Transformer of its own optimizer (paired by seed, t in "
+            "brackets), and how much Muon changes it (Muon's Δ minus AdamW's, paired by seed):", '',
+            "| variant | seeds | Δ under AdamW | Δ under Muon | Muon's Δ − AdamW's |",
+            '|---|---|---|---|---|'] + rows
+
+
 def lambda_rows(groups):
     rows = []
     for label, group in groups.items():
@@ -872,7 +901,7 @@ def write_report(suite, scale, seeds, results_dir):
     lines += lambda_rows(groups)
     lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
-             'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows}
+             'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows, 'optimizer': optimizer_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')

@@ -439,3 +439,17 @@ def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkey
     assert {'--variant=resformer_identity', '--value_mapping=identity', '--residual_type=value',
             f"--n_layer={reproduce.PROBE['n_layer']}", f"--learning_rate={reproduce.PROBE['learning_rate']!r}"
             } <= set(commands[0])
+
+
+def test_optimizer_rows_pair_each_gain_with_its_own_optimizers_transformer():
+    """Δ under AdamW against AdamW's Transformer, Δ under Muon against Muon's, and their paired difference."""
+    def group(losses, baseline):
+        return {'runs': [{'final_val_loss': x} for x in losses], 'seeds': [1, 2, 3], 'baseline': baseline}
+    groups = {'vanilla L4': group([2.0, 2.1, 2.2], 'vanilla L4'),
+              'svformer L4': group([1.9, 2.0, 2.15], 'vanilla L4'),
+              'vanilla muon L4': group([1.5, 1.6, 1.7], 'vanilla muon L4'),
+              'svformer muon L4': group([1.5, 1.62, 1.71], 'vanilla muon L4')}
+    [row] = [line for line in reproduce.optimizer_rows(groups) if line.startswith('| svformer')]
+    cells = row.split(' | ')
+    assert cells[1] == '3' and cells[2].startswith('-0.0833') and cells[3].startswith('+0.0100')
+    assert cells[4].startswith('+0.0933')
