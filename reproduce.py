@@ -101,7 +101,7 @@ MUON_LRS = (0.005, 0.01, 0.02, 0.04, 0.08)  # 0.005 added when 8 layers did best
 # (scale, n_layer): the muon_lr sweep's best rate (seed 1337's final loss; results/muon_lr). Suite optimizer
 # trains Muon at the depths listed here, and leaves out the others until their sweep has run.
 MUON_LR = {('cpu', 4): 0.02,  # 1.7136, 1.6711, 1.6699, 1.7123, 1.8209 at 0.005-0.08 (seed 1337)
-           ('cpu', 8): 0.01}  # 1.5509, 1.5332, 1.5476 at 0.005, 0.01, 0.02
+           ('cpu', 8): 0.01}  # 1.5509, 1.5332, 1.5476, 1.6003, 1.7044
 OPTIMIZER_VARIANTS = [('vanilla', dict(variant='vanilla')),
                       ('resformer_identity', dict(variant='resformer_identity')),
                       ('svformer', dict(variant='svformer')),
