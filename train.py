@@ -424,6 +424,33 @@ def estimate_time():
                                 (iter_num, max_iters, eval_interval), tokens_per_iter, say)
 
 
+def log_step(train_loss, grad_norm, lr, tokens_per_sec, grad_norms):
+    """The step's record in log.jsonl, and its line: the training loss (the mean over ranks), the gradient
+    norm and rate, the job's tokens/s, and MFU, peak memory, learned λ and per-matrix gradient norms where
+    they apply."""
+    if ddp:  # the mean over ranks (gloo has no ReduceOp.AVG in older torch, 2.5.1 say)
+        torch.distributed.all_reduce(train_loss)
+        train_loss /= ddp_world_size
+    record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
+              'lr': lr, 'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
+    if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full T x T
+        # attention, as PaLM's and nanoGPT's MFU do
+        rate = tokens_per_sec / ddp_world_size
+        record['mfu'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12)
+        record['mfu_palm'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12, causal=False)
+    if device_type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
+        record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    if raw_model.config.lambda_mode != 'fixed':
+        record['lambdas'] = raw_model.lambdas.tolist()
+    if grad_norms is not None:
+        record['grad_norms'] = grad_norms
+    run.log(record)
+    mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
+           f"{peak:g} TFLOP/s per GPU" if peak else "")
+    progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
+    say(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, {tokens_per_sec:,.0f} tok/s{mfu}")
+
+
 # -----------------------------------------------------------------------------
 # the training loop
 nonfinite = train_support.NonFinite(device, ddp, iter_num, run)  # the NaN/inf stop
@@ -511,30 +538,9 @@ with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1)
             steps_timed += 1
             progress.update(1)
             if logging_now:
-                if ddp:  # the mean over ranks (gloo has no ReduceOp.AVG in older torch, 2.5.1 say)
-                    torch.distributed.all_reduce(train_loss)
-                    train_loss /= ddp_world_size
                 tokens_per_sec = tokens_per_iter * steps_timed / (time.time() - t_log)
                 t_log, steps_timed = time.time(), 0
-                record = {'step': iter_num, 'train_loss': train_loss.item(), 'grad_norm': grad_norm.item(),
-                          'lr': lr, 'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
-                if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full
-                    # T x T attention, as PaLM's and nanoGPT's MFU do
-                    rate = tokens_per_sec / ddp_world_size
-                    record['mfu'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12)
-                    record['mfu_palm'] = raw_model.estimate_mfu(rate, block_size, peak * 1e12, causal=False)
-                if device_type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
-                    record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-                if raw_model.config.lambda_mode != 'fixed':
-                    record['lambdas'] = raw_model.lambdas.tolist()
-                if log_grad_norms:
-                    record['grad_norms'] = grad_norms
-                run.log(record)
-                mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
-                       f"{peak:g} TFLOP/s per GPU" if peak else "")
-                progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
-                say(f"step {iter_num}: loss {record['train_loss']:.4f}, lr {lr:.2e}, "
-                    f"{tokens_per_sec:,.0f} tok/s{mfu}")
+                log_step(train_loss, grad_norm, lr, tokens_per_sec, grad_norms if log_grad_norms else None)
     if ddp:  # DDP keeps the replicas identical by construction: checked once, cheaply, at the end
         differ = train_support.replicas_differ_by(raw_model)
         say(f"weights across {ddp_world_size} ranks differ by at most {differ:.3g}")
