@@ -160,8 +160,7 @@ def memory_estimate_gb(settings, compiled):
     tokens = (settings.get('micro_batch_size') or settings['batch_size']) * c.block_size
     # per parameter: fp32 weights and gradients (DDP's buckets hold them as views: no second copy), AdamW's
     # two fp32 moments (Muon's one momentum, for the blocks' matrices it trains), autocast's bf16 copy
-    muon = sum(m.weight.numel() for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)) \
-        if settings.get('optimizer') == 'muon' else 0
+    muon = sum(w.numel() for w in model.hidden_matrices()) if settings.get('optimizer') == 'muon' else 0
     return (18 * model.num_params() - 4 * muon + tokens * (c.n_layer * layer + head)) / 1e9
 
 

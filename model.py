@@ -474,6 +474,10 @@ class GPT(nn.Module):
         DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
         return self.flops_per_token(seq_len, causal) * tokens_per_second / peak_flops
 
+    def hidden_matrices(self):
+        """The blocks' linear weights, attention and MLP projections: what Muon trains (optimizer='muon')."""
+        return [m.weight for m in self.blocks.modules() if isinstance(m, nn.Linear)]
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=(), muon=None):
         """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α).
         lr_scales: (parameter name, multiplier) pairs, trained at multiplier x the schedule's rate (Sec. 4.3's
@@ -490,7 +494,7 @@ class GPT(nn.Module):
         if unknown:
             raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
                              f"(names like blocks.0.attn.c_v.weight)")
-        hidden = {id(m.weight) for m in self.blocks.modules() if isinstance(m, nn.Linear)} if muon else set()
+        hidden = {id(w) for w in self.hidden_matrices()} if muon else set()
         # the two groups of old, first and always, as saved optimizer states have them
         groups = {(True, 1.0): [], (False, 1.0): []}
         muon_groups = {}
