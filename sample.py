@@ -20,7 +20,7 @@ import torch
 
 import support
 from configurator import configure
-from prepare import load_tokenizer
+from tokens import load_tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the training run's folder

@@ -7,7 +7,7 @@ then): domain-weighted, sharded, the paper's tokenizer (or GPT-2's); from local 
   tokens. It is kept domain by domain, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's
   val_domains), as the paper scores each domain on its own validation data and reports the unweighted mean
   over the 7; a smaller --val_tokens gives each domain an equal share of it. Training keeps the paper's mix
-  (CommonCrawl 0.5, C4 0.2, ...). prepare.open_val_domains reads them.
+  (CommonCrawl 0.5, C4 0.2, ...). tokens.open_val_domains reads them.
 - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
@@ -32,10 +32,11 @@ import re
 import numpy as np
 from tqdm import tqdm
 
-# prepare.py's tokenizers and jsonl reader: when prepare.py runs as a script this imports it a second time,
-# which only defines its functions again
+# prepare.py's jsonl reader: when prepare.py runs as a script this imports it a second time, which only
+# defines its functions again
 import prepare
 import support
+from tokens import bpe_tokenizer
 
 SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
 SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
@@ -54,8 +55,21 @@ SLIMPAJAMA_BATCH = 1024  # hub documents handed to a tokenizer process at a time
 SLIMPAJAMA_VAL_TOKENS = 500_000_000  # the size of its validation split (see above)
 
 
+def check_args(args, error):
+    """prepare.py's command-line checks that only SlimPajama needs; error(message) ends the script."""
+    if args.tokenizer == "char":
+        error("--dataset=slimpajama is tokenized with BPE; drop --tokenizer (the paper's, neox) or "
+              "use --tokenizer=gpt2")
+    missing = [name for name in ("datasets", "zstandard") if importlib.util.find_spec(name) is None]
+    # zstandard: the hub's files are .zst too
+    if args.input is None and missing:
+        error(f"streaming SlimPajama needs Hugging Face `datasets` and `zstandard` "
+              f"(pip install datasets; pip install --no-deps -r requirements-data.txt), "
+              f"missing: {', '.join(missing)}; or pass local SlimPajama files with --input=PATH")
+
+
 def prepare_slimpajama(args, out_dir):
-    tokenizer = prepare.bpe_tokenizer(args.tokenizer, args.tokenizer_file)
+    tokenizer = bpe_tokenizer(args.tokenizer, args.tokenizer_file)
     # workers read the tokenizer from the file this process found (in the hub's cache, say)
     tokenize = functools.partial(tokenize_documents,
                                  tokenizer=(args.tokenizer, getattr(tokenizer, "path", None)))
@@ -86,8 +100,9 @@ def prepare_slimpajama(args, out_dir):
     domains = list(SLIMPAJAMA_WEIGHTS)
     train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
     val_quotas = dict.fromkeys(domains, math.ceil(val_tokens / len(domains)) if val_tokens else math.inf)
-    train_writer = ShardWriter(out_dir, "train", args.shard_tokens)
-    val_writers = {domain: ShardWriter(out_dir, f"val_{domain}", args.shard_tokens) for domain in domains}
+    train_writer = support.ShardWriter(out_dir, "train", args.shard_tokens)
+    val_writers = {domain: support.ShardWriter(out_dir, f"val_{domain}", args.shard_tokens)
+                   for domain in domains}
     splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
               ("val", val, val_quotas, val_writers)]
     for name, (work, items), quotas, writers in splits:
@@ -122,8 +137,8 @@ def prepare_slimpajama(args, out_dir):
 
 
 def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
-    """Write whole documents, each to its domain's writer (writers: {domain: ShardWriter}), while their domain
-    is under its token quota; stop when all are full.
+    """Write whole documents, each to its domain's writer (writers: {domain: support.ShardWriter}), while their
+    domain is under its token quota; stop when all are full.
 
     work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
     worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so
@@ -171,7 +186,7 @@ def tokenize_documents(documents, skip, tokenizer):
     """(domains, lengths, ids) of the (domain, text) documents of the paper's domains not in skip, each text
     followed by <|endoftext|>: ids holds them all, one after another, as uint16. tokenizer: bpe_tokenizer's
     arguments."""
-    tokenizer = prepare.bpe_tokenizer(*tokenizer)
+    tokenizer = bpe_tokenizer(*tokenizer)
     domains, encoded = [], []
     for domain, text in documents:
         if domain in SLIMPAJAMA_WEIGHTS and domain not in skip:
@@ -180,41 +195,6 @@ def tokenize_documents(documents, skip, tokenizer):
     ids = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.uint16)
     return domains, np.array([len(e) for e in encoded], dtype=np.int64), ids
 
-
-class ShardWriter:
-    """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
-
-    def __init__(self, out_dir, split, shard_tokens):
-        self.out_dir, self.split = out_dir, split
-        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
-        self.filled = 0
-        self.files = {}  # file name -> tokens
-        self.max_token = 0
-
-    def write(self, ids):
-        ids = np.asarray(ids, dtype=np.uint16)
-        while len(ids):
-            n = min(len(ids), len(self.buffer) - self.filled)
-            self.buffer[self.filled:self.filled + n] = ids[:n]
-            self.filled += n
-            ids = ids[n:]
-            if self.filled == len(self.buffer):
-                self.flush()
-
-    def flush(self, append=False):
-        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
-        if self.filled:
-            name = f"{self.split}_{len(self.files) - append:05d}.bin"
-            support.write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
-                               "ab" if append else "wb")
-            self.files[name] = self.files.get(name, 0) + self.filled
-            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
-            self.filled = 0
-
-    def close(self):
-        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
-        short shard would stop train.py at any block_size longer than it."""
-        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 # SlimPajama from local files (--input=PATH)
 

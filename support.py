@@ -3,18 +3,20 @@ Machinery the scripts share, the same on Linux, macOS and Windows: a lock that k
 argparse that reports a bad argument in one line, the rule that no script opens a pipe to read it whole, the
 check that a job fits in its device's memory, the GPUs' peak FLOP/s that MFU compares against, loading a
 checkpoint and picking the device and precision, the rule for averaging runs' per-domain validation losses,
-and a folder rewritten whole (claimed, partial_dir, replace_outputs) by writes that name the file they fail
-on (write_file).
+and a folder rewritten whole (claimed, partial_dir, replace_outputs, already_prepared, ShardWriter) by writes
+that name the file they fail on (write_file).
 """
 import argparse
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
 import stat
 
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
+import numpy as np
 
 # One GPU's dense bf16 tensor-core peak in TFLOP/s, for train.py's MFU and beside bench.py's measured matmul
 # peak, by the exact name torch.cuda.get_device_name gives: the vendor's datasheet figure, which NVIDIA states
@@ -261,6 +263,8 @@ def mean_domain_losses(scored):
 # written into out_dir/.partial/; only when they are complete is the old data swapped out: its meta.json goes
 # first and the new meta.json comes last, so a folder is either the old data, the new, or (after a crash
 # mid-swap) one without meta.json, which reads as unprepared. Files the script does not write are left alone.
+# A rerun with the same settings finds the folder already_prepared; big outputs are written shard by shard
+# (ShardWriter).
 
 
 @contextlib.contextmanager
@@ -350,6 +354,59 @@ def replace_outputs(partial, out_dir, outputs):
     for name in sorted(os.listdir(partial), key=lambda name: name == "meta.json"):
         os.replace(os.path.join(partial, name), os.path.join(out_dir, name))
     os.rmdir(partial)
+
+
+def already_prepared(out_dir, settings):
+    """meta.json if out_dir holds a finished run with these settings, else None."""
+    try:
+        with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta["settings"] != settings:
+            return None
+        files = meta["files"].items()
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing or damaged: prepare again
+        return None
+    for name, tokens in files:
+        path = os.path.join(out_dir, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != 2 * tokens:
+            return None
+    return meta
+
+
+class ShardWriter:
+    """Writes a stream of token ids as {split}_00000.bin, {split}_00001.bin, ... of shard_tokens each."""
+
+    def __init__(self, out_dir, split, shard_tokens):
+        self.out_dir, self.split = out_dir, split
+        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
+        self.filled = 0
+        self.files = {}  # file name -> tokens
+        self.max_token = 0
+
+    def write(self, ids):
+        ids = np.asarray(ids, dtype=np.uint16)
+        while len(ids):
+            n = min(len(ids), len(self.buffer) - self.filled)
+            self.buffer[self.filled:self.filled + n] = ids[:n]
+            self.filled += n
+            ids = ids[n:]
+            if self.filled == len(self.buffer):
+                self.flush()
+
+    def flush(self, append=False):
+        """Write the buffer as the next shard, or with append=True onto the end of the last one."""
+        if self.filled:
+            name = f"{self.split}_{len(self.files) - append:05d}.bin"
+            write_file(os.path.join(self.out_dir, name), self.buffer[:self.filled].tobytes(),
+                       "ab" if append else "wb")
+            self.files[name] = self.files.get(name, 0) + self.filled
+            self.max_token = max(self.max_token, int(self.buffer[:self.filled].max()))
+            self.filled = 0
+
+    def close(self):
+        """Write what is left. A tail under half a shard (the quotas' overshoot, say) joins the last shard: a
+        short shard would stop train.py at any block_size longer than it."""
+        self.flush(append=bool(self.files) and self.filled < len(self.buffer) // 2)
 
 
 def write_file(path, data, mode="wb"):

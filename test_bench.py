@@ -16,7 +16,7 @@ import torch
 
 from configurator import _read_config_file
 from model import VARIANTS
-from prepare import load_meta, open_split
+from tokens import load_meta, open_split
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

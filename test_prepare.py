@@ -24,6 +24,8 @@ from tiktoken_ext import openai_public
 import prepare
 import slimpajama
 import support
+from tokens import (GPT2_ENCODER_JSON_SHA256, GPT2_VOCAB_BPE_SHA256, gpt2_encoding, load_meta, load_tokenizer,
+                    local_gpt2_files, open_split, open_val_domains)
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 EOT = 50256
@@ -39,7 +41,7 @@ def run_prepare(*args, cwd=REPO, check=True):
 
 
 def tokens(data_dir, split):
-    return np.concatenate(prepare.open_split(str(data_dir), split)).astype(np.int64)
+    return np.concatenate(open_split(str(data_dir), split)).astype(np.int64)
 
 
 def words(rng, n):
@@ -51,7 +53,7 @@ def words(rng, n):
 
 
 def test_gpt2_encoding_known_ids_and_round_trip():
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     assert enc.encode("Hello world") == [15496, 995]
     text = ("To be, or not to be: that is the question.\n  Naïve café — 1,234 tokens? "
             "<|endoftext|> as text")
@@ -71,17 +73,17 @@ def test_gpt2_encoding_reads_only_local_files(monkeypatch):
     monkeypatch.setattr(tiktoken, "get_encoding", no_download)
     monkeypatch.setattr(tiktoken.load, "read_file", local_read_file)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # no cache: the files themselves are read
-    assert prepare.gpt2_encoding().encode("Hello world") == [15496, 995]
+    assert gpt2_encoding().encode("Hello world") == [15496, 995]
 
 
 def test_gpt2_encoding_equals_tiktoken_recipe():
     # the hashes are the ones tiktoken checks for its own gpt2 encoding
     source = inspect.getsource(openai_public.gpt2)
-    assert prepare.GPT2_VOCAB_BPE_SHA256 in source and prepare.GPT2_ENCODER_JSON_SHA256 in source
-    vocab_bpe, encoder_json = prepare.local_gpt2_files()
-    assert hashlib.sha256(open(vocab_bpe, "rb").read()).hexdigest() == prepare.GPT2_VOCAB_BPE_SHA256
+    assert GPT2_VOCAB_BPE_SHA256 in source and GPT2_ENCODER_JSON_SHA256 in source
+    vocab_bpe, encoder_json = local_gpt2_files()
+    assert hashlib.sha256(open(vocab_bpe, "rb").read()).hexdigest() == GPT2_VOCAB_BPE_SHA256
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json)
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     assert enc._mergeable_ranks == ranks
     assert enc._pat_str == openai_public.r50k_pat_str
     assert enc._special_tokens == {"<|endoftext|>": EOT}
@@ -91,7 +93,7 @@ def test_gpt2_encoding_equals_tiktoken_recipe():
 
 
 def test_char_tokenizer_names_unknown_characters():
-    tokenizer = prepare.load_tokenizer({"tokenizer": "char", "chars": ["\n", " ", "a", "b"]})
+    tokenizer = load_tokenizer({"tokenizer": "char", "chars": ["\n", " ", "a", "b"]})
     assert tokenizer.decode(tokenizer.encode("ab ba\n")) == "ab ba\n"
     assert (tokenizer.vocab_size, tokenizer.eot_token) == (4, None)
     with pytest.raises(ValueError, match="'é'") as error:
@@ -100,7 +102,7 @@ def test_char_tokenizer_names_unknown_characters():
 
 
 def test_gpt2_tokenizer():
-    tokenizer = prepare.load_tokenizer({"tokenizer": "gpt2"})
+    tokenizer = load_tokenizer({"tokenizer": "gpt2"})
     assert (tokenizer.vocab_size, tokenizer.eot_token) == (50257, EOT)
     assert tokenizer.encode("Hello world<|endoftext|>") == [15496, 995, EOT]
     assert tokenizer.decode([15496, 995]) == "Hello world"
@@ -111,10 +113,10 @@ def test_missing_data_names_the_prepare_command(tmp_path):
                           ("shakespeare_gpt2", "`python prepare.py --tokenizer=gpt2`"),
                           ("mine_gpt2", "--tokenizer=gpt2")]:
         with pytest.raises(SystemExit, match=command) as error:
-            prepare.open_split(str(tmp_path / name), "train")
+            open_split(str(tmp_path / name), "train")
         assert str(tmp_path / name / "meta.json") in str(error.value)
         with pytest.raises(SystemExit, match=command):
-            prepare.load_meta(str(tmp_path / name))
+            load_meta(str(tmp_path / name))
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -144,11 +146,11 @@ def test_folder_of_txt_char(tmp_path):
     run_prepare(f"--input={corpus}", cwd=tmp_path)
 
     out = tmp_path / "data" / "plays_char"  # default folder: <stem>_<tokenizer>
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert meta["chars"] == sorted(set("".join(texts)) | {"\n"}) and meta["vocab_size"] == len(meta["chars"])
     assert meta["val_works"] == ["play09.txt"]  # every 10th document
     assert meta["train_works"] == [f"play{i:02d}.txt" for i in range(12) if i != 9]
-    tokenizer = prepare.load_tokenizer(meta)
+    tokenizer = load_tokenizer(meta)
     for split, docs in [("train", [t for i, t in enumerate(texts) if i != 9]), ("val", [texts[9]])]:
         ids = tokens(out, split)
         assert len(ids) == meta[f"{split}_tokens"] == os.path.getsize(out / f"{split}.bin") // 2
@@ -164,9 +166,9 @@ def test_jsonl_gpt2_matches_direct_encoding(tmp_path):
     out = tmp_path / "out"
     run_prepare(f"--input={path}", "--text_field=body", "--tokenizer=gpt2", f"--out_dir={out}")
 
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert (meta["tokenizer"], meta["vocab_size"], meta["eot_token"]) == ("gpt2", 50257, EOT)
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     expected = {"train": [t for i, t in enumerate(texts) if i % 10 != 9], "val": [texts[9], texts[19]]}
     for split, docs in expected.items():
         direct = [token for t in docs for token in enc.encode_ordinary(t) + [EOT]]
@@ -184,7 +186,7 @@ def test_single_txt_holds_out_its_end(tmp_path):
     run_prepare("--input=one.txt", "--val_fraction=0.2", cwd=tmp_path)
 
     out = tmp_path / "data" / "one_char"
-    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(out)))
+    tokenizer = load_tokenizer(load_meta(str(out)))
     train = tokenizer.decode(tokens(out, "train").tolist())
     val = tokenizer.decode(tokens(out, "val").tolist())
     assert train.endswith("\n\n\n") and val.endswith("\n\n")  # each part ends at a line break + separator
@@ -203,7 +205,7 @@ def shakespeare_char(tmp_path_factory):
 
 
 def test_shakespeare_char(shakespeare_char):
-    meta = prepare.load_meta(str(shakespeare_char))
+    meta = load_meta(str(shakespeare_char))
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(meta["chars"]) == 84
     assert "CC-BY 2.5" in meta["license"]
     assert len(meta["train_works"]) + len(meta["val_works"]) == 42
@@ -213,14 +215,14 @@ def test_shakespeare_char(shakespeare_char):
     assert 0.05 < meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"]) < 0.15
 
     works = dict(prepare.shakespeare_works())
-    tokenizer = prepare.load_tokenizer(meta)
+    tokenizer = load_tokenizer(meta)
     val_text = tokenizer.decode(tokens(shakespeare_char, "val").tolist())
     assert val_text == "".join(works[name].strip() + "\n\n" for name in meta["val_works"])
 
 
 def test_shakespeare_gpt2(tmp_path):
     run_prepare("--tokenizer=gpt2", f"--out_dir={tmp_path}")
-    meta = prepare.load_meta(str(tmp_path))
+    meta = load_meta(str(tmp_path))
     total = meta["train_tokens"] + meta["val_tokens"]
     assert 1_500_000 < total < 1_650_000  # measured: 1,566,000 with 42 <|endoftext|>
     assert (tokens(tmp_path, "train") == EOT).sum() == len(meta["train_works"]) == 38
@@ -275,8 +277,8 @@ def test_slimpajama_domain_quotas_shards_and_split(tmp_path):
     run_prepare(*SLIMPAJAMA_GPT2, f"--input={corpus}", f"--max_tokens={max_tokens}",
                 f"--val_tokens={val_tokens}", "--shard_tokens=3000", f"--out_dir={out}")
 
-    meta = prepare.load_meta(str(out))
-    enc = prepare.gpt2_encoding()
+    meta = load_meta(str(out))
+    enc = gpt2_encoding()
     longest = max(len(enc.encode_ordinary(r["text"])) + 1 for r in records)
     domain_of = {r["text"]: r["meta"]["redpajama_set_name"] for r in records}
     documents = {}
@@ -335,12 +337,12 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
     assert "note: no validation documents of RedPajamaBook: the validation loss is the mean over the other " \
            "domains" in result.stdout
 
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     scored = [domain for domain in domains if domain != "RedPajamaBook"]
     assert sorted(meta["val_domains"]) == sorted(scored)
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     longest = max(len(enc.encode_ordinary(text)) + 1 for text in texts)
-    by_domain = prepare.open_val_domains(str(out))
+    by_domain = open_val_domains(str(out))
     for domain in scored:
         files = meta["val_domains"][domain]
         assert len(files) >= 2 and files == [f"val_{domain}_{k:05d}.bin" for k in range(len(files))]
@@ -368,7 +370,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
     (out / "val_mine_00000.bin").write_bytes(b"mine")
     run_prepare(*SLIMPAJAMA_GPT2, f"--input={root}", "--max_tokens=3000", "--val_tokens=700",
                 "--shard_tokens=100", f"--out_dir={out}")
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     written = {name for files in meta["val_domains"].values() for name in files}
     assert {name for name in os.listdir(out) if name.startswith("val")} == written | {"val_mine_00000.bin"}
     assert all(100 <= meta["val_domain_tokens"][domain] < 100 + longest for domain in scored)
@@ -377,7 +379,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
     for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]),
                          (6_000, [3000, 3000])]:
-        writer = slimpajama.ShardWriter(str(tmp_path), f"split{total}", 3000)
+        writer = support.ShardWriter(str(tmp_path), f"split{total}", 3000)
         ids = np.arange(total) % 50257
         for piece in np.array_split(ids, 7):
             writer.write(piece)
@@ -410,9 +412,9 @@ def test_slimpajama_as_downloaded_trains_with_the_paper_configs(tmp_path):
     run_prepare("--dataset=slimpajama", f"--tokenizer_file={tmp_path / 'tokenizer.json'}", f"--input={root}",
                 "--max_tokens=4000", "--val_tokens=100000", "--shard_tokens=1000", cwd=tmp_path)
     out = tmp_path / "data" / "slimpajama_neox"  # the name the paper configs read, whatever --input is
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert meta["split"] == "SlimPajama's validation split (validation/)"
-    enc = prepare.load_tokenizer(meta)
+    enc = load_tokenizer(meta)
     places = {split: [doc.split(" ")[0]
                       for doc in enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]]
               for split in ("train", "val")}
@@ -454,7 +456,7 @@ def neox_kind_tokenizer(path):
 def test_neox_kind_tokenizer_round_trips_with_the_librarys_ids(tmp_path):
     library = neox_kind_tokenizer(tmp_path / "tokenizer.json")
     meta = {"tokenizer": "neox", "tokenizer_file": str(tmp_path / "tokenizer.json"), "vocab_size": 280 + 23}
-    tokenizer = prepare.load_tokenizer(meta)
+    tokenizer = load_tokenizer(meta)
     assert (tokenizer.eot_token, tokenizer.vocab_size) == (0, library.get_vocab_size())
     text = "To be,   or not\n\n\tto be: naïve café — 1,234?        thou 日本"
     ids = tokenizer.encode_document(text)
@@ -473,7 +475,7 @@ def test_slimpajama_with_the_papers_kind_of_tokenizer_trains_at_its_vocabulary(t
     run_prepare("--dataset=slimpajama", f"--input={root}", f"--tokenizer_file={tmp_path / 'tokenizer.json'}",
                 "--max_tokens=3000", "--shard_tokens=500", cwd=tmp_path)
     out = tmp_path / "data" / "slimpajama_neox"
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert (meta["tokenizer"], meta["tokenizer_file"], meta["vocab_size"], meta["eot_token"]) == (
         "neox", str(tmp_path / "tokenizer.json"), library.get_vocab_size(), 0)
     assert meta["val_documents"] == 70  # the whole validation split by default
@@ -540,7 +542,7 @@ def test_slimpajama_output_is_the_same_in_one_or_two_processes(tmp_path):
                     "--shard_tokens=300", f"--out_dir={out}", f"--num_proc={num_proc}")
         outputs.append({name: content for name, (content, _) in snapshot(out).items()})
     assert outputs[0] == outputs[1] and len(outputs[0]) > 4
-    train = prepare.gpt2_encoding().decode(tokens(tmp_path / "out1", "train").tolist())
+    train = gpt2_encoding().decode(tokens(tmp_path / "out1", "train").tolist())
     assert "train/chunk1/0 " in train and "train/chunk2/3 " not in train  # the quotas filled
                                                                            # before the last file
 
@@ -575,9 +577,9 @@ def test_slimpajama_from_the_hub(tmp_path, monkeypatch):
     run_prepare(*SLIMPAJAMA_GPT2, "--max_tokens=2000", "--val_tokens=500", cwd=tmp_path)
 
     out = tmp_path / "data" / "slimpajama_gpt2"
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert "cerebras/SlimPajama-627B" in meta["source"] and meta["eot_token"] == EOT
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     for split, source_split in [("train", "train"), ("val", "validation")]:
         docs = enc.decode(tokens(out, split).tolist()).split("<|endoftext|>")[:-1]
         assert docs and all(doc.startswith(source_split + " ") for doc in docs)
@@ -670,7 +672,7 @@ def test_changed_input_is_prepared_again_and_unchanged_input_is_not(prepared):
     text = (tmp_path / "corpus.txt").read_text()
     (tmp_path / "corpus.txt").write_text(text.replace("to be", "TO BE"))  # same size, new text
     assert "already prepared" not in run_prepare("--input=corpus.txt", cwd=tmp_path).stdout
-    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(out)))
+    tokenizer = load_tokenizer(load_meta(str(out)))
     assert "TO BE" in tokenizer.decode(tokens(out, "train").tolist())
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
 
@@ -738,7 +740,7 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
     assert second.stderr == f"prepare.py: another prepare.py (process {first.pid}) is writing pp (it holds " \
                             f"{tmp_path}/.pp.lock); wait for it to finish, or pass another --out_dir\n"
     assert second.returncode == 1
-    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    tokenizer = load_tokenizer(load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith(
         "line 0: to be")  # the first's data
     assert sorted(os.listdir(tmp_path)) == [".pp.lock", "first.txt", "other.txt", "pp"]  # the lock file
@@ -770,12 +772,12 @@ def test_without_fcntl_as_on_windows_it_prepares_and_refuses_a_second_run(tmp_pa
     first.send_signal(signal.SIGCONT)
     assert first.wait() == 0, first.communicate()
     one_line_error(second, f"another prepare.py (process {first.pid}) is writing pp")
-    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    tokenizer = load_tokenizer(load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith(
         "line 0: to be")  # the first's data
     # once the first has let go, the second's turn
     run_prepare("--input=other.txt", "--out_dir=pp", cwd=tmp_path)
-    tokenizer = prepare.load_tokenizer(prepare.load_meta(str(tmp_path / "pp")))
+    tokenizer = load_tokenizer(load_meta(str(tmp_path / "pp")))
     assert tokenizer.decode(tokens(tmp_path / "pp", "train").tolist()).startswith("other text")
 
 
@@ -786,7 +788,7 @@ def test_pipes_are_not_read(tmp_path):
     (corpus / "a.txt").write_text("".join(f"line {i}\n" for i in range(100)))
     os.mkfifo(corpus / "d.txt")
     run_prepare(f"--input={corpus}", "--out_dir=out", cwd=tmp_path)
-    assert prepare.load_meta(str(tmp_path / "out"))["train_works"] == ["a.txt[:710]"]
+    assert load_meta(str(tmp_path / "out"))["train_works"] == ["a.txt[:710]"]
     result = run_prepare(f"--input={corpus / 'd.txt'}", "--out_dir=fifo", cwd=tmp_path, check=False)
     one_line_error(result, "d.txt is not a file or a folder")
     assert not os.path.exists(tmp_path / "fifo")
@@ -821,11 +823,11 @@ def test_few_uneven_files_are_split_by_token_share(tmp_path):
         (corpus / name).write_text(text)
     out = tmp_path / "out"
     run_prepare(f"--input={corpus}", f"--out_dir={out}")
-    meta = prepare.load_meta(str(out))
+    meta = load_meta(str(out))
     assert 0.08 < meta["val_share"] < 0.12  # not c.txt whole, ~96% of the tokens
     assert meta["val_works"] == ["a.txt[10:]", "b.txt[14:]", "c.txt[9970:]"]  # each document's last line(s)
     assert meta["train_works"] == ["a.txt[:10]", "b.txt[:14]", "c.txt[:9970]"]
-    tokenizer = prepare.load_tokenizer(meta)
+    tokenizer = load_tokenizer(meta)
     val = tokenizer.decode(tokens(out, "val").tolist())
     assert [val[start:].split("\n")[0] for start in meta["val_doc_starts"]] == \
         ["second line", "file here", "the long document, line 360"]
@@ -836,11 +838,11 @@ def test_val_doc_starts_follow_the_end_of_text_token(tmp_path):
     path = tmp_path / "notes.jsonl"
     path.write_text("".join(json.dumps({"text": f"Note {i}. {words(rng, 30)}"}) + "\n" for i in range(30)))
     run_prepare(f"--input={path}", "--tokenizer=gpt2", f"--out_dir={tmp_path / 'out'}")
-    meta = prepare.load_meta(str(tmp_path / "out"))
+    meta = load_meta(str(tmp_path / "out"))
     val = tokens(tmp_path / "out", "val")
     starts = meta["val_doc_starts"]
     assert starts == [0] + (np.flatnonzero(val[:-1] == EOT) + 1).tolist() and len(starts) == 3
-    enc = prepare.gpt2_encoding()
+    enc = gpt2_encoding()
     assert ([enc.decode(val[s:s + 3].tolist()).split(".")[0] for s in starts]
             == ["Note 9", "Note 19", "Note 29"])
     assert meta["max_token"] == EOT
@@ -912,7 +914,7 @@ def test_damaged_data_is_one_line_naming_the_fix(prepared, damage):
     spoil, split, message = DAMAGE[damage]
     spoil(out)
     with pytest.raises(SystemExit) as error:
-        prepare.open_split(str(out), split)
+        open_split(str(out), split)
     text = error.value.code
     assert message in text and "\n" not in text, text
     assert text.endswith(f"run `python prepare.py --input=YOUR_CORPUS --out_dir={out}` again")

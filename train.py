@@ -33,7 +33,7 @@ import support
 import train_support
 from configurator import configure
 from model import GPT, GPTConfig
-from prepare import load_meta, open_split, open_val_domains, prepare_command
+from tokens import load_meta, open_split, open_val_domains, prepare_command
 
 # -----------------------------------------------------------------------------
 # defaults: a small Identity ResFormer on char-level Shakespeare that trains on a laptop CPU in minutes
