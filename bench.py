@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import optim
 import support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
@@ -160,7 +161,7 @@ def memory_estimate_gb(settings, compiled):
     tokens = (settings.get('micro_batch_size') or settings['batch_size']) * c.block_size
     # per parameter: fp32 weights and gradients (DDP's buckets hold them as views: no second copy), AdamW's
     # two fp32 moments (Muon's one momentum, for the blocks' matrices it trains), autocast's bf16 copy
-    muon = sum(w.numel() for w in model.hidden_matrices()) if settings.get('optimizer') == 'muon' else 0
+    muon = sum(w.numel() for w in optim.hidden_matrices(model)) if settings.get('optimizer') == 'muon' else 0
     return (18 * model.num_params() - 4 * muon + tokens * (c.n_layer * layer + head)) / 1e9
 
 
@@ -461,7 +462,7 @@ def load_module(name, path):
 
 def adamw(model):
     """The AdamW that train.py builds (it only reads model.parameters()), for any of the models."""
-    return GPT.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device_type)
+    return optim.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device_type)
 
 
 def flops(non_embedding_params):
@@ -623,6 +624,7 @@ def available_bytes():
 TRAIN_CHILD = """
 import json, statistics, sys, time, torch
 import torch.nn.functional as F
+import optim
 from model import GPT, GPTConfig
 variant, dims, B, T, device, dtype, compiled, logits, steps = json.loads(sys.argv[1])
 def status(field):  # kB
@@ -631,7 +633,7 @@ open('/proc/self/clear_refs', 'w').write('5')  # reset VmHWM to the current resi
 base = status('VmRSS:')
 torch.manual_seed(0)
 model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
-optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
+optimizer = optim.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
 def with_logits(x, y):
     out = model(x)[0]
     return out, F.cross_entropy(out.float().view(-1, out.size(-1)), y.reshape(-1), ignore_index=-1)

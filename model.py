@@ -10,12 +10,10 @@ with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transforme
 ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so
 cache no values).
 
-Reading order: GPTConfig (every flag, one docstring each); CausalSelfAttention, the paper's path
-(vanilla -> ResFormer -> SVFormer -> KV cache) and nothing else; Block; GPT, whose forward takes V1 at
-layer 1 and hands it to every later layer, and the λ table. Then, off that path: AblationAttention (the
-paper's Sec. 4.4 ablations, its baselines NeuTRENO, CLA and share-K/V, value embeddings and the bank of
-values); the building blocks (MLP, RoPE, attention kernels, KV cache); the named variants and the config
-checks.
+Reading order: GPTConfig; CausalSelfAttention, the paper's path (vanilla -> ResFormer -> SVFormer -> KV
+cache) and nothing else; Block; GPT, whose forward takes V1 at layer 1 and hands it to every later layer.
+Off that path: AblationAttention (Sec. 4.4's ablations, the baselines, value embeddings, the bank of values),
+the building blocks (MLP, RoPE, attention, KVCache), the named variants and the config checks.
 Layers are 1-based in the paper and 0-based in the code: the paper's layer n is `blocks[n - 1]`.
 """
 
@@ -26,7 +24,6 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 
 
 @dataclass
@@ -58,8 +55,7 @@ class GPTConfig:
     variant: str = 'custom'
     """A name from VARIANTS that sets the flags below, or 'custom' to set them yourself."""
     value_residual: bool = False
-    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer);
-    residual_source, residual_type and value_mapping below change what is mixed, and where."""
+    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer)."""
     lambdas: tuple = None
     """(n_layer, 2) rows (weight on V1, weight on V_n); rows up to residual_source must be (0, 1).
     None = Identity (0.5, 0.5). A layer whose fixed weight on V_n is 0 is an SVFormer layer: no W_V."""
@@ -70,42 +66,33 @@ class GPTConfig:
     """Post-residual rescaling, our reading of the paper: use V'_n / (λ_{n,1} + λ_{n,2})."""
     # --- the paper's Sec. 4.4 ablations: what is mixed, from where, and through which attention
     residual_source: int = 0
-    """The 0-based layer later layers take the residual from (Sec. 4.4): 0 = V1 (the paper), 1 = V2.
-    Layers up to it are unchanged. With residual_type='hidden' it names the layer whose *input* is
-    taken: 0 = H0 (the embedding), 1 = H1 (block 1's output)."""
+    """The 0-based layer later layers take the residual from: 0 = V1 (the paper), 1 = V2; layers up to it are
+    unchanged. With residual_type='hidden', whose *input* is taken: 0 = H0 (the embedding), 1 = H1."""
     residual_type: str = 'value'
-    """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query'
-    (Q'_n = λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n = λ1 A_s + λ2 A_n, an explicit
-    softmax), or 'hidden' (the hidden residual: block n's attention reads λ1 norm(H_s) + λ2 norm(x_n),
-    both through its own RMSNorm, so that its Q, K and V are each λ1 (from H_s) + λ2 (its own); the residual
-    stream x_n and the MLP are unchanged: our reading, see docs/model.md)."""
+    """What the λ table mixes in layers after the source s (Sec. 4.4): 'value' (ResFormer), 'query' (Q'_n =
+    λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n likewise, an explicit softmax) or 'hidden'
+    (block n's attention reads λ1 norm(H_s) + λ2 norm(x_n); x_n and the MLP unchanged: our reading)."""
     value_mapping: str = 'current'
-    """Which attention maps the values of earlier layers (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 +
-    λ2 V_n)), 'first' (λ1 A_1 V1 + λ2 A_n V_n: layer 1's own attention output mixed into U_n before the
-    output projection) or 'identity' (ICLR Eqn. 6, U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i: every earlier
-    layer's values, unattended, each position its own row; no λ, so it takes residual_source=0 and
-    Identity's default lambdas, which it leaves unused)."""
+    """Which attention maps earlier values (Sec. 4.4): 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)), 'first'
+    (λ1 A_1 V1 + λ2 A_n V_n) or 'identity' (ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i, unattended;
+    no λ, so it takes residual_source=0 and the default lambdas, unused)."""
     h0_residual: bool = True
-    """Block 1 adds its input H0 (the embedding) to its attention output, as every block adds its input; False
-    drops that one residual connection (Sec. 4.4: with it gone, V2 no longer carries H0)."""
+    """False drops block 1's residual connection of H0 (the embedding): then V2 no longer carries H0."""
     # --- the paper's baselines
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off.
-    Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head = n_head."""
     denseformer: bool = False
     """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
     """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (Table 1 ablation), or 'none'."""
     # --- outside the paper: other context-free values (each depends on the token alone, as V1 does)
     value_embeds: bool = False
-    """Value embeddings, nanochat's design (karpathy/nanochat, gpt.py): every other layer, the last included,
-    adds a token embedding table (vocab x kv_dim) to its values, gated per KV head. Not in the paper."""
+    """Value embeddings (karpathy/nanochat, gpt.py): every other layer, the last included, adds a token
+    table (vocab x kv_dim) to its values, gated per KV head."""
     value_bank: bool = False
-    """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third (0-based layer >= 2·n_layer
-    // 3) drops W_V and looks its values up in its own token table, V_n = γ_v E_n[token] (vocab x kv_dim;
-    γ_v one learned scalar a layer, starting at 1), so the KV cache keeps token ids instead of those layers'
-    values. BoV trains the tables with AdamW at lr 0.15 beside Muon; here they train with the model's AdamW
-    and are weight-decayed like every embedding, as value embeddings are. Not in the paper; for comparison."""
+    """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third drops W_V and looks its
+    values up in its own token table, V_n = γ_v E_n[token] (γ_v learned, from 1), so the KV cache keeps token
+    ids for them. BoV trains the tables at AdamW lr 0.15; here, at the model's rate, decayed as embeddings."""
 
     def __post_init__(self):
         # defaults, the named variant's flags, and a one-line ValueError for any bad setting
@@ -143,9 +130,8 @@ class GPTConfig:
         return self.value_residual and self.residual_type == 'attention' and layer >= self.residual_source
 
     def on_paper_path(self, layer):
-        """Whether this layer's attention is the paper's alone (CausalSelfAttention: vanilla, ResFormer or
-        SVFormer) or needs AblationAttention: another residual or value mapping, CLA / share-K/V, NeuTRENO
-        or a value embedding or bank."""
+        """Whether this layer's attention is the paper's (CausalSelfAttention: vanilla, ResFormer, SVFormer)
+        or needs AblationAttention (another residual or mapping, CLA / share-K/V, NeuTRENO, a token table)."""
         return (self.mixes(layer) in (None, 'hidden') or self.takes_v1(layer)) and not (
             self.explicit_softmax(layer) or self.shares_prev(layer, 'k') or self.shares_prev(layer, 'v')
             or (self.neutreno_lambda and layer > self.residual_source) or self.has_value_embed(layer)
@@ -153,8 +139,7 @@ class GPTConfig:
 
 
 # What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd) over
-# every cached position; attn, the probabilities (B, H, T, T_k), when computed explicitly;
-# out, U = attn·v before W_O.
+# every cached position; attn (B, H, T, T_k) when computed explicitly; out, U = attn·v before W_O.
 Heads = namedtuple('Heads', 'q k v attn out')
 
 
@@ -182,10 +167,9 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(d, d, bias=False)                                    # W_O
 
     def forward(self, x, rope, lam, v1, kv_cache):
-        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: the
-        residual's source values (B, H_kv, T_k, hd), every cached position included: layer 1's V1, or V2
-        under residual_source=1 (None up to the source layer); kv_cache: a KVCache to continue from and write
-        to, or None."""
+        """x (B, T, C) -> (output (B, T, C), its Heads). lam: the layer's (λ_{n,1}, λ_{n,2}); v1: the source
+        layer's values (B, H_kv, T_k, hd) over every cached position: V1 (V2 under residual_source=1; None up
+        to the source); kv_cache: a KVCache to continue from and write to, or None."""
         T = x.size(1)
         q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
         k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
@@ -254,9 +238,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.store_lambdas(config)
-        # Off the paper's path, DenseFormer's weights α (see between_blocks)
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
-                                    for i in range(L)) if config.denseformer else None
+                                    for i in range(L)) if config.denseformer else None  # DenseFormer's α
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -269,8 +252,7 @@ class GPT(nn.Module):
             attn.v_slot = slot
         self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns),
                          int(config.value_bank))
-        # the paper's (Hugging Face Llama's) init; the layers' token tables last, in layer order, as drawn
-        # when GPT held them (the same weights from the same seed)
+        # the paper's (Hugging Face Llama's) init; the token tables last, as drawn when GPT held them
         tables = self.token_tables()
         for module in sorted(self.modules(), key=lambda m: m in tables):
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -281,7 +263,7 @@ class GPT(nn.Module):
 
     def store_lambdas(self, config):
         """λ for the layers after the source (layers up to it are unchanged), stored as lambda_mode needs.
-        1-D tensors, so configure_optimizers never decays them."""
+        1-D tensors, so the optimizer never decays them (optim.py)."""
         L, s = config.n_layer, config.residual_source
         later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
         later = later.view(L - 1 - s, 2)
@@ -313,12 +295,9 @@ class GPT(nn.Module):
         return torch.cat([unchanged.expand(self.config.residual_source + 1, 2), later])
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
-        """(logits (B, T, vocab), None), or given targets, (None, the mean cross-entropy; targets of -1 are
-        ignored): no caller of a loss reads the logits, and compiled, logits returned would be written out
-        whole, and their B x T x vocab gradient made for the backward (6.6 GB at 82M, micro-batch 32).
-        kv_cache: continue from the cached positions (and cache idx's token ids too if a bank of values looks
-        its values up from them). stats: a dict to fill with per-layer 'attn' probabilities, 'keys', 'values'
-        (V'_n) and 'hidden' states (each block's output), for analysis."""
+        """(logits (B, T, vocab), None), or given targets, (None, the mean cross-entropy, ignoring -1): logits
+        beside a loss would be kept for the backward (6.6 GB at 82M). kv_cache: continue from the cached
+        positions. stats: a dict to fill with per-layer 'attn', 'keys', 'values' (V'_n) and 'hidden'."""
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
@@ -353,12 +332,9 @@ class GPT(nn.Module):
                                      ignore_index=-1)
 
     def between_blocks(self, i, x, prev, kept, stats):
-        """The residual stream x between block i - 1 and block i (i = n_layer: after the last), where all that
-        acts is off the paper's path: DenseFormer, the analysis statistics, H_s kept for the hidden residual.
-        prev: block i - 1's Heads; kept: {'outputs': [the embedding]} at first, then what is kept here."""
-        if i > 0 and self.dwa is not None:
-            # DenseFormer: block i - 1's output becomes Σ_j α_{i-1,j} X_j over X_0 (the embedding) .. X_i;
-            # α starts at the identity
+        """The residual stream x before block i (i = n_layer: after the last), where only what is off the
+        paper's path acts: DenseFormer, stats, H_s for the hidden residual. prev: block i - 1's Heads."""
+        if i > 0 and self.dwa is not None:  # DenseFormer: X_i becomes Σ_j α_{i-1,j} X_j over X_0 .. X_i
             kept['outputs'].append(x)
             x = sum(a * h for a, h in zip(self.dwa[i - 1], kept['outputs']))
         if stats is not None and i == 0:
@@ -373,24 +349,21 @@ class GPT(nn.Module):
         return x
 
     def ablation_inputs(self, i, idx, tokens, source, prev, v_sum):
-        """What layer i's attention reads beyond V1 if it is an AblationAttention: the source layer's Heads,
-        the previous layer's (for CLA), the new tokens idx and those of every position attended over (for its
-        token tables), the sum of the earlier layers' values v_sum. None for the paper's attention."""
+        """What layer i's attention reads beyond V1 if it is an AblationAttention (see its forward); None for
+        the paper's attention."""
         if isinstance(self.blocks[i].attn, CausalSelfAttention):
             return None
         return dict(source=source, prev=prev, idx=idx, tokens=tokens, v_sum=v_sum)
 
     def token_tables(self):
-        """The layers' token tables (value embeddings, the bank of values), in layer order: lookups, not
-        matmuls."""
+        """The layers' token tables (value embeddings, banks of values), in layer order."""
         return [table for block in self.blocks for table in (getattr(block.attn, 'value_embed', None),
                                                              getattr(block.attn, 'bank', None))
                 if table is not None]
 
     def compile_for_decoding(self):
-        """torch.compile the model for generate(): compiled once for a prompt and once for single tokens, then
-        reused (the cache is preallocated and its length is a symbolic size). On a CPU a small model's tokens
-        cost mostly per-call overhead, which inductor's C++ wrapper (not a Python one) largely removes."""
+        """torch.compile for generate(): once for a prompt, once for single tokens. On a CPU a small model's
+        tokens cost mostly per-call overhead, which inductor's C++ wrapper largely removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     def new_kv_cache(self, max_seq_len=None):
@@ -399,7 +372,7 @@ class GPT(nn.Module):
 
     def kv_bytes_per_token(self, element_size=2):
         """Bytes a KV cache holds per position of each sequence: K and V of every slot at element_size bytes
-        an element (2: 16-bit), and the token id where a bank of values looks its values up from it."""
+        an element, and the token id a bank of values looks its values up from."""
         n_k, n_v, n_tokens = self.kv_slots
         kv_dim = self.config.n_kv_head * (self.config.n_embd // self.config.n_head)
         return (n_k + n_v) * kv_dim * element_size + n_tokens * KVCache.TOKEN_ID_DTYPE.itemsize
@@ -407,10 +380,9 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv_cache=None,
                         vocab_size=None):
-        """Yield the next token, shape (B, 1), max_new_tokens times. temperature=0 is greedy. kv_cache: decode
-        into this cache (to read its size afterwards, say) rather than a new one. vocab_size: sample only ids
-        below it (train.py pads the vocabulary with ids that have no text). Past block_size the context is
-        cropped to the last block_size tokens, with or without the cache."""
+        """Yield the next token (B, 1), max_new_tokens times; temperature=0 is greedy. kv_cache: decode into
+        this one. vocab_size: sample only ids below it (not the padding). Past block_size the context is
+        cropped to its last block_size tokens, with or without the cache."""
         block_size = self.config.block_size
         if use_cache and kv_cache is None:
             kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens)
@@ -434,24 +406,13 @@ class GPT(nn.Module):
             yield next_token
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_token=None, use_cache=True,
-                 vocab_size=None):
-        """Extend idx (B, T) by up to max_new_tokens. With stop_token, stop once every row has produced it
-        (rows that finish early are padded with it)."""
-        done = torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
-        for next_token in self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache,
-                                               vocab_size=vocab_size):
-            if stop_token is not None:
-                next_token = next_token.masked_fill(done, stop_token)
-                done |= next_token == stop_token
-            idx = torch.cat([idx, next_token], dim=1)
-            if done.all():
-                break
-        return idx
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None):
+        """idx (B, T) extended by max_new_tokens (generate_tokens's arguments)."""
+        return torch.cat([idx, *self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache,
+                                                     vocab_size=vocab_size)], dim=1)
 
     def num_params(self, exclude_embedding=False):
-        """Parameters (shared ones once); exclude_embedding drops the input embedding, the value embeddings
-        and the bank of values, which are lookups and cost no FLOPs."""
+        """Parameters (shared ones once); exclude_embedding: without the token tables, lookups of no FLOPs."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
             n -= sum(table.weight.numel() for table in self.token_tables())
@@ -459,107 +420,27 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len, causal=True):
-        """Training FLOPs per token (forward + backward = 3 forwards): 6 per weight of every matmul, plus
-        causal attention's QK^T and AV, 6·L·d·T. Causal: a token attends over the keys up to its own, T/2
-        on average, and a fused causal kernel (SDPA's flash or memory-efficient one) skips the masked half.
-        causal=False gives nanoGPT's formula (PaLM's appendix B), the full T x T matrices, 12·L·d·T, which
-        credits work no kernel does: at 65,536 tokens (config/svformer_82m.py), where attention is ~9x the
-        6N term, nearly twice the MFU. It is the one published MFUs use."""
+        """Training FLOPs per token: 6 per matmul weight, plus causal attention's QK^T and AV, 6·L·d·T (a
+        fused causal kernel skips the masked half). causal=False: nanoGPT's and published MFUs' formula (PaLM,
+        appendix B), 12·L·d·T, which credits work no kernel does (at 65,536 tokens, nearly twice the MFU)."""
         cfg = self.config
         attention = (6 if causal else 12) * cfg.n_layer * cfg.n_embd * seq_len
         return 6 * self.num_params(exclude_embedding=True) + attention
 
-    def estimate_mfu(self, tokens_per_second, seq_len, peak_flops, causal=True):
-        """Model FLOPs utilisation of one accelerator: tokens_per_second is what that one trains on (under
-        DDP, the job's tokens/s over the number of ranks), peak_flops its peak at the dtype in use."""
-        return self.flops_per_token(seq_len, causal) * tokens_per_second / peak_flops
-
-    def hidden_matrices(self):
-        """The blocks' linear weights, attention and MLP projections: what Muon trains (optimizer='muon')."""
-        return [m.weight for m in self.blocks.modules() if isinstance(m, nn.Linear)]
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, lr_scales=(), muon=None):
-        """AdamW with weight decay on matrices and embeddings only (never norms, λ or DenseFormer α).
-        lr_scales: (parameter name, multiplier) pairs, trained at multiplier x the schedule's rate (Sec. 4.3's
-        control: a Transformer with a higher rate on layer 1's W_V and W_O); each group's 'lr_scale' says.
-        muon: (Muon's peak rate, its adjust_lr_fn) to train the blocks' linear weights with torch.optim.Muon
-        instead (MuonAndAdamW): the hidden matrices Muon is meant for; the embeddings, the LM head, norms, λ
-        and value tables stay with AdamW, as Muon's authors (and nanochat, modded-nanogpt) do."""
-        scales = dict(lr_scales)
-        tables = {id(table.weight) for table in self.token_tables()}
-        # the token tables last, where they were before they moved into their layers: saved states still fit
-        params = {name: p for name, p in sorted(self.named_parameters(), key=lambda np: id(np[1]) in tables)
-                  if p.requires_grad}
-        unknown = sorted(set(scales) - set(params))
-        if unknown:
-            raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
-                             f"(names like blocks.0.attn.c_v.weight)")
-        hidden = {id(w) for w in self.hidden_matrices()} if muon else set()
-        # the two groups of old, first and always, as saved optimizer states have them
-        groups = {(True, 1.0): [], (False, 1.0): []}
-        muon_groups = {}
-        for name, p in params.items():
-            key = (p.dim() >= 2, float(scales.get(name, 1.0)))
-            (muon_groups if id(p) in hidden else groups).setdefault(key, []).append(p)
-        adamw = torch.optim.AdamW([{'params': ps, 'weight_decay': weight_decay if decays else 0.0,
-                                    'lr_scale': scale} for (decays, scale), ps in groups.items()],
-                                  lr=learning_rate, betas=betas, eps=1e-8,
-                                  fused=device_type in ('cuda', 'cpu'))
-        if not muon:
-            return adamw
-        # the schedule's rate, learning_rate at its peak, becomes Muon's peak rate through lr_scale; its
-        # weight decay (decoupled: rate x decay) takes off what AdamW's does a step: only the update differs
-        muon_lr, adjust_lr_fn = muon
-        groups = [{'params': ps, 'lr_scale': scale * muon_lr / learning_rate} for (_, scale), ps in
-                  muon_groups.items()]
-        decay = weight_decay * learning_rate / muon_lr
-        return MuonAndAdamW(torch.optim.Muon(groups, lr=muon_lr, weight_decay=decay,
-                                             adjust_lr_fn=adjust_lr_fn), adamw)
-
-
-class MuonAndAdamW:
-    """Muon and AdamW stepped as one optimizer: what train.py's loop, its loss scaler and its checkpoints use
-    of an optimizer (param_groups, step, zero_grad, state_dict) covers both, Muon's groups first."""
-
-    def __init__(self, muon, adamw):
-        self.muon, self.adamw = muon, adamw
-
-    @property
-    def param_groups(self):  # read anew: loading a state replaces each optimizer's groups
-        return self.muon.param_groups + self.adamw.param_groups
-
-    def step(self):
-        self.muon.step()
-        self.adamw.step()
-
-    def zero_grad(self, set_to_none=True):
-        self.muon.zero_grad(set_to_none)
-        self.adamw.zero_grad(set_to_none)
-
-    def state_dict(self):
-        return {'muon': self.muon.state_dict(), 'adamw': self.adamw.state_dict()}
-
-    def load_state_dict(self, state):
-        self.muon.load_state_dict(state['muon'])
-        self.adamw.load_state_dict(state['adamw'])
-
 
 # ------------------------------------------------------------------------------------------------------------
-# Off the paper's path: the Sec. 4.4 ablations, the baselines and value embeddings. (The hidden residual acts
-# on a Block's attention input, DenseFormer between blocks, in GPT.between_blocks.)
+# Off the paper's path: the Sec. 4.4 ablations, the baselines and token tables (the hidden residual acts in
+# Block, DenseFormer in GPT.between_blocks).
 
 class AblationAttention(nn.Module):
-    """CausalSelfAttention with the ablations and baselines added: the query / key / attention-matrix
-    residuals and the mapping by layer 1's attention or by none (Sec. 4.4), CLA and share-K/V, NeuTRENO, value
-    embeddings and the bank of values. A layer gets it only if one of them applies there
-    (GPTConfig.on_paper_path); with none of them it computes exactly what CausalSelfAttention does (test_model
-    checks it)."""
+    """CausalSelfAttention plus the query / key / attention residuals and other value mappings (Sec. 4.4),
+    CLA and share-K/V, NeuTRENO, value embeddings and the bank of values, for the layers where one applies
+    (GPTConfig.on_paper_path); with none, it computes what CausalSelfAttention does (test_model checks)."""
 
     heads, project_out = CausalSelfAttention.heads, CausalSelfAttention.project_out  # the same, not a copy
 
     def __init__(self, config, layer):
-        # opens as CausalSelfAttention.__init__ does, but creates only the projections it keeps: building that
-        # class first would draw other initial weights, and every model with an ablation would change
+        # as CausalSelfAttention.__init__, but only the projections it keeps: others change the RNG draws
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
@@ -588,11 +469,8 @@ class AblationAttention(nn.Module):
 
     @torch.no_grad()
     def init_tables(self, wte, eps):
-        """After GPT's init: nanochat starts the value-embedding gate a little above 3σ(0) = 1.5. BoV starts
-        row t of a bank table at RMSNorm(wte[t]) W_V^T, the values the layer would compute from the token
-        embedding alone, with W_V the layer's own freshly initialised value projection, which it then leaves
-        unused; a bank layer here has none, so it draws one with the init every projection gets (normal, std
-        0.02) and drops it. Our norms start with gain 1, so at step 0 its values are exactly x0 W_V."""
+        """After GPT's init: nanochat's value-embedding gate starts a little above 3σ(0) = 1.5; BoV's bank
+        row t at RMSNorm(wte[t]) W_V^T, the layer's values from the token alone (W_V drawn, then dropped)."""
         if self.ve_gate is not None:
             nn.init.uniform_(self.ve_gate.weight, 0.0, 0.02)
         if self.bank is not None:
@@ -601,10 +479,9 @@ class AblationAttention(nn.Module):
             self.bank.weight.copy_(x0 @ w_v.T)
 
     def forward(self, x, rope, lam, v1, kv_cache, source, prev, idx, tokens, v_sum):
-        """As CausalSelfAttention.forward; source and prev: the Heads of the residual's source layer (V1's)
-        and of the previous layer; idx: the new tokens (B, T); tokens: those of every position attended over
-        (B, T_k); v_sum: for the identity mapping, the values of every earlier layer at the new positions,
-        summed (B, H_kv, T, hd)."""
+        """As CausalSelfAttention.forward; source, prev: the Heads of the source layer and of the previous
+        one; idx: the new tokens (B, T); tokens: every position's (B, T_k); v_sum: the identity mapping's
+        Σ_{i<n} V_i at the new positions."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
@@ -708,16 +585,11 @@ def attention_probs(q, k):
 
 
 class KVCache:
-    """Keys and values of past positions for incremental decoding, preallocated to max_seq_len on first write.
-    Only tensors a layer computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V per
-    pair, and a bank of values none: its layers' values are a lookup of the token ids, which the cache keeps
-    instead (one slot of token ids for all of them). Every residual of Sec. 4.4 works with it: later layers
-    read the source layer's newest rows (and a key or value residual caches the mixed K'_n / V'_n), so nothing
-    beyond K and V needs keeping."""
+    """Keys and values of past positions, preallocated to max_seq_len on first write. Only tensors a layer
+    computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V a pair, a bank of values
+    the token ids it looks them up from. Later layers read the source layer's newest rows: nothing else."""
 
-    # the model's own dtype for token ids (8 bytes a position): int32 would halve it, but converting on the
-    # way in makes a compiled decoder specialise on whether the prompt is a slice of a longer tensor
-    TOKEN_ID_DTYPE = torch.long
+    TOKEN_ID_DTYPE = torch.long  # int32 would make a compiled decoder specialise on slices of a longer prompt
 
     def __init__(self, n_k_slots, n_v_slots, n_token_slots, max_seq_len):
         self.k = [None] * n_k_slots
@@ -755,40 +627,32 @@ class KVCache:
 # Each named variant sets these flags; its λ rows come from `variant_lambdas`.
 VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer', 'share_kv')
 VARIANTS = {
-    'vanilla': {},
-    'resformer_identity': dict(value_residual=True),
-    'resformer_constant': dict(value_residual=True),
-    'resformer_sparse': dict(value_residual=True),
+    'vanilla': {}, 'resformer_identity': dict(value_residual=True),
+    'resformer_constant': dict(value_residual=True), 'resformer_sparse': dict(value_residual=True),
     'resformer_learnable': dict(value_residual=True, lambda_mode='learnable'),
     'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
-    'svformer': dict(value_residual=True),
-    'neutreno': dict(neutreno_lambda=0.4),
+    'svformer': dict(value_residual=True), 'neutreno': dict(neutreno_lambda=0.4),
     'neutreno_resformer': dict(value_residual=True, neutreno_lambda=0.2),
-    'denseformer': dict(denseformer=True),
-    'cla': dict(share_kv='kv'),
-    'share_k': dict(share_kv='k'),
-    'share_v': dict(share_kv='v'),
+    'denseformer': dict(denseformer=True), 'cla': dict(share_kv='kv'),
+    'share_k': dict(share_kv='k'), 'share_v': dict(share_kv='v'),
 }
 
 
 def variant_lambdas(variant, n_layer, source=0):
-    """λ table (n_layer rows of (weight on V1, weight on V_n)) for a value-residual variant; rows up to the
-    source layer (0 = layer 1) are (0, 1), unchanged. Values: the official code (Identity 0.5/0.5,
-    NeuTRENO+ResFormer), the paper's text (SVFormer: V1 alone; Constant: λ = 2;
-    Sparse: best at layers 6-8 of 8 with λ1 = 5)."""
+    """λ table (n_layer rows of (weight on V1, weight on V_n)) of a value-residual variant, rows up to the
+    source layer (0, 1). From the official code (Identity, NeuTRENO+ResFormer) and the paper's text."""
     later = range(source + 1, n_layer)
     if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
     elif variant == 'resformer_constant':
-        rows = [(2.0, 1.0) for _ in later]
+        rows = [(2.0, 1.0) for _ in later]                 # the paper: λ = 2
     elif variant == 'resformer_sparse':
         # only the top 3/8 of the stack gets V1 (8 layers: 6-8 with λ1 = 5, the paper's best sparse setting)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n with λ initialised to n_layer; the paper gives no λ' init beyond
-        # "stronger for higher layers", so we choose λ' = linspace(0, 1): the top layer starts with e times
-        # the bottom's weight.
+        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer; the paper says of λ' only "stronger for higher layers",
+        # so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -799,12 +663,13 @@ def variant_lambdas(variant, n_layer, source=0):
     return ((0.0, 1.0),) * (source + 1) + tuple(rows)
 
 
-def resolve_config(cfg):
-    """Fill in cfg's defaults, apply its named variant; a one-line ValueError for an impossible setting."""
-    def need(ok, message):
-        if not ok:
-            raise ValueError(message)
+def need(ok, message):  # GPTConfig's one-line error for an impossible setting
+    if not ok:
+        raise ValueError(message)
 
+
+def resolve_config(cfg):
+    """Fill in cfg's defaults and apply its named variant, checking every setting (check_flags)."""
     def whole(value):  # a positive integer, and not a bool
         return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -815,8 +680,8 @@ def resolve_config(cfg):
         need(whole(getattr(cfg, name)), f"{name} must be a positive integer, got {getattr(cfg, name)!r}")
     for name in ('n_kv_head', 'ffn_hidden'):
         value = getattr(cfg, name)
-        need(value is None or whole(value),
-             f"{name} must be a positive integer (or None for the default), got {value!r}")
+        need(value is None or whole(value), f"{name} must be a positive integer (or None for the default), "
+                                            f"got {value!r}")
     cfg.n_kv_head = cfg.n_kv_head or cfg.n_head
     cfg.ffn_hidden = cfg.ffn_hidden or round(3.5 * cfg.n_embd)
     for name in ('rope_theta', 'norm_eps'):
@@ -824,24 +689,23 @@ def resolve_config(cfg):
         need(finite(value) and value > 0, f"{name}={value!r} must be a positive finite number")
     need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
     need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
-    source = cfg.residual_source
-    need(isinstance(source, int) and not isinstance(source, bool)
-         and (source == 0 or 0 < source < cfg.n_layer - 1),
-         f"residual_source={source!r} must be a layer index from 0 to {cfg.n_layer - 2}: "
-         "a later layer must mix it in")
+    s = cfg.residual_source
+    need(isinstance(s, int) and not isinstance(s, bool) and (s == 0 or 0 < s < cfg.n_layer - 1),
+         f"residual_source={s!r} must be a layer index from 0 to {cfg.n_layer - 2}: a later layer must "
+         "mix it in")
     if cfg.lambdas is not None:
         try:
             cfg.lambdas = tuple((float(a), float(b)) for a, b in cfg.lambdas)
         except (TypeError, ValueError):
             raise ValueError(f"lambdas must be {cfg.n_layer} pairs (weight on V1, weight on V_n), "
                              f"got {cfg.lambdas!r}") from None
-        need(all(math.isfinite(w) for row in cfg.lambdas for w in row),
+        need(all(map(math.isfinite, sum(cfg.lambdas, ()))),
              f"lambdas must be finite numbers, got {cfg.lambdas}")
     if cfg.variant != 'custom':
         apply_variant(cfg)
     if cfg.value_residual and cfg.lambdas is None:
         cfg.lambdas = variant_lambdas('resformer_identity', cfg.n_layer, cfg.residual_source)
-    check_flags(cfg, need)
+    check_flags(cfg)
 
 
 def apply_variant(cfg):
@@ -864,7 +728,7 @@ CHOICES = dict(lambda_mode=('fixed', 'learnable', 'plus'), share_kv=('none', 'kv
                value_mapping=('current', 'first', 'identity'))
 
 
-def check_flags(cfg, need):
+def check_flags(cfg):
     """Combinations of flags that cannot work, each with a one-line reason."""
     s = cfg.residual_source
     need(cfg.n_embd % cfg.n_head == 0, f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")

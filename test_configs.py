@@ -19,6 +19,7 @@ import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
+from optim import configure_optimizers
 
 torch.set_num_threads(1)
 
@@ -172,7 +173,7 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
     model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16,
                              vocab_size=64))
     muon = (settings['muon_lr'], settings['muon_adjust_lr']) if settings['optimizer'] == 'muon' else None
-    optimizer = model.configure_optimizers(settings['weight_decay'], settings['learning_rate'],
+    optimizer = configure_optimizers(model, settings['weight_decay'], settings['learning_rate'],
                                            (settings['beta1'], settings['beta2']), 'cpu',
                                            settings['lr_scales'], muon=muon)
     # the rate train.py sets at each step: the schedule's x the group's scale

@@ -25,6 +25,7 @@ import support
 import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
+from optim import configure_optimizers
 from support import load_checkpoint
 from testing import run_script
 
@@ -1237,7 +1238,7 @@ MUON = ['--optimizer=muon', '--muon_lr=0.02', '--max_iters=8', '--eval_interval=
 def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(flag, table):
     model = GPT(GPTConfig(vocab_size=64, n_layer=3, n_head=2, n_embd=32, block_size=16, value_residual=True,
                           lambda_mode='learnable', **{flag: True}))
-    optimizer = model.configure_optimizers(0.1, 2e-3, (0.9, 0.95), 'cpu', [['blocks.0.attn.c_q.weight', 2.0]],
+    optimizer = configure_optimizers(model, 0.1, 2e-3, (0.9, 0.95), 'cpu', [['blocks.0.attn.c_q.weight', 2.0]],
                                            muon=(0.02, 'original'))
     muon = {id(p) for group in optimizer.muon.param_groups for p in group['params']}
     adamw = {id(p) for group in optimizer.adamw.param_groups for p in group['params']}

@@ -17,6 +17,7 @@ who came to see how the model trains: that reader can skip this file. train.py c
     mfu_peak                      the peak FLOP/s that MFU compares against (support.PEAK_TFLOPS)
 """
 import contextlib
+import functools
 import inspect
 import json
 import math
@@ -30,6 +31,7 @@ import time
 from dataclasses import fields
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch.distributed import barrier
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -101,6 +103,16 @@ def check_settings(config):
     ]:
         if not ok:
             raise SystemExit(f"train.py: {problem}")
+
+
+def model_config(config, vocab_size):
+    """The GPTConfig of train.py's settings, its vocabulary vocab_size padded to a multiple of 64 (faster
+    matmuls); a bad setting ends train.py with one line."""
+    args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name in config}
+    try:
+        return GPTConfig(**args | {'vocab_size': -(-vocab_size // 64) * 64})
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"train.py: bad model settings: {e}")
 
 
 def lr_scales_ok(lr_scales):
@@ -364,7 +376,7 @@ def link_or_copy(source, target):
 TIMED_PASSES = 5  # the training micro-batches the estimate times, after two untimed ones (three if compiled)
 
 
-def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, cuda, schedule,
+def estimate_time(micro_batch, eval_batch, autocast, counts, model, optimizer, compiled, cuda, schedule,
                   tokens_per_step, say):
     """Say what the run will cost before any long work, from micro_batch() (a training forward and backward,
     whose gradients are then dropped: no update, and every step seeds its own randomness, so the run is
@@ -373,14 +385,17 @@ def estimate_time(micro_batch, eval_batch, counts, model, optimizer, compiled, c
     1.3x): they are not timed; the estimate is the median of TIMED_PASSES timed calls, their range said. The
     optimizer's update is not timed (it would change the weights). counts: this rank's
     (micro-batches a step, evaluation batches, the last evaluation's more on every validation window);
-    schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print."""
+    schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print. Both run under
+    autocast."""
     micro_batches, eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
-    warming, times = seconds_of(micro_batch, 2 + compiled, TIMED_PASSES, cuda)
+    with autocast:
+        warming, times = seconds_of(micro_batch, 2 + compiled, TIMED_PASSES, cuda)
     optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
     model.eval()
-    eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) if eval_batches \
-        else (0, [0])  # a rank with no share of the validation windows
+    with autocast:  # (no evaluation batches: a rank with no share of the validation windows)
+        eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) \
+            if eval_batches else (0, [0])
     model.train()
     steps = [t * micro_batches for t in times]
     step, evaluation = statistics.median(steps), eval_times[0] * eval_batches
@@ -412,6 +427,48 @@ def seconds_of(work, untimed, timed, cuda):
 def duration(seconds):
     return (f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90
             else f"{seconds:.3g} s")
+
+
+def step_record(step, train_loss, grad_norm, lr, tokens_per_sec, grad_norms, model, block_size, peak, ranks,
+                device):
+    """A training step's record for log.jsonl, and its line: the loss (the mean over ranks), the gradient norm
+    and rate, the job's tokens/s, and MFU, peak memory, learned λ and per-matrix gradient norms where they
+    apply."""
+    record = {'step': step, 'train_loss': train_loss, 'grad_norm': grad_norm, 'lr': lr,
+              'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
+    if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full T x T
+        # attention, as PaLM's and nanoGPT's MFU do
+        for key, causal in (('mfu', True), ('mfu_palm', False)):
+            record[key] = model.flops_per_token(block_size, causal) * (tokens_per_sec / ranks) / (peak * 1e12)
+    if torch.device(device).type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
+        record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    if model.config.lambda_mode != 'fixed':
+        record['lambdas'] = model.lambdas.tolist()
+    if grad_norms is not None:
+        record['grad_norms'] = grad_norms
+    mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
+           f"{peak:g} TFLOP/s per GPU" if peak else "")
+    return record, f"step {step}: loss {train_loss:.4f}, lr {lr:.2e}, {tokens_per_sec:,.0f} tok/s{mfu}"
+
+
+def use_deterministic_kernels(device_type):
+    """Deterministic kernels (deterministic=True), for bench.py's node check. An op that has none warns rather
+    than stops the run: the node check then finds the runs apart and falls back to its bound."""
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS reads it once, at its first call
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device_type == 'cuda':  # the fused attention kernels' backwards add in no fixed order
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def full_evaluation(losses, full_val_sets):
+    """The log record's fields and the line's words of an evaluation on every validation window: losses is
+    train.py's evaluate(full_val_sets, ...)."""
+    loss, domain_losses = losses
+    full = {'val_loss_full': loss, 'val_loss_full_domains': domain_losses,
+            'val_windows_full': sum(len(places) for _, places in full_val_sets.values())}
+    return full, f"; all {full['val_windows_full']:,} windows: {loss:.4f}{by_domain(domain_losses)}"
 
 
 def by_domain(losses):
@@ -562,6 +619,99 @@ def stop_rank(message, after_a_peer=False):
     with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
         json.dump({'message': error}, f)
     raise SystemExit(1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# training and validation windows: train.py draws them, and reads them, through these
+
+def seeded(seed, *keys):
+    """A seed derived from `seed` and integer keys: batches and dropout depend on the step alone, not on RNG
+    state carried across steps, so a resumed run and a run on any number of ranks draw the same ones."""
+    return hash((seed, *keys)) & (2 ** 63 - 1)  # int tuples hash identically in every process
+
+
+def window_starts(shard, block_size):
+    """Where a shard's windows of block_size + 1 tokens that share no target start: every block_size tokens,
+    each overlapping the next by the token that is its last target and the next one's first input, so every
+    token but a shard's first is a target once. (The paper's 2,048-token chunks share no token.)"""
+    return range(0, len(shard) - block_size, block_size)
+
+
+def every_window(shards, block_size):
+    return [(s, i) for s, shard in enumerate(shards) for i in window_starts(shard, block_size)]
+
+
+class EpochOrder:
+    """data_order 'epoch' and 'epochs': every training window once an epoch, in a seeded random order (the
+    paper's one epoch, ICLR Sec. 4.1.2)."""
+
+    def __init__(self, shards, block_size, seed, data_dir):
+        if any(len(shard) <= block_size + 1 for shard in shards):
+            raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than "
+                             f"block_size={block_size}; lower block_size")
+        self.block_size, self.seed, self.data_dir = block_size, seed, data_dir
+        # the windows numbered shard after shard: shard s holds numbers first_window[s] onwards
+        self.first_window = np.cumsum([0] + [len(window_starts(shard, block_size)) for shard in shards])
+        self.windows = int(self.first_window[-1])
+        self.order = functools.lru_cache(maxsize=2)(self.order)  # the epoch at hand, and the next one
+
+    def order(self, epoch):
+        """A seeded random order of the windows: 9.8M numbers, 78 MB, at 20B tokens."""
+        generator = torch.Generator().manual_seed(seeded(self.seed, -1, epoch))  # steps are never -1
+        return torch.randperm(self.windows, generator=generator).numpy()
+
+    def places(self, step, global_batch):
+        """(shard, start) of the windows of the step's global batch."""
+        epochs, index = np.divmod(np.arange(step * global_batch, (step + 1) * global_batch), self.windows)
+        number = np.array([self.order(epoch)[i] for epoch, i in zip(epochs.tolist(), index.tolist())])
+        shard = np.searchsorted(self.first_window, number, side='right') - 1
+        return list(zip(shard.tolist(), ((number - self.first_window[shard]) * self.block_size).tolist()))
+
+    def refuse_a_second_epoch(self, max_iters, global_batch, data_meta, data_order, by_domain):
+        """data_order='epoch' reads each window once at most: a run that needs more stops here, naming the
+        prepare.py command that makes enough (SlimPajama) or the fix."""
+        if max_iters * global_batch <= self.windows:
+            return
+        needed = max_iters * global_batch * self.block_size
+        # 0.1% to spare (a shard's last, partial window is none), rounded up to 3 digits: 21e9 for 10k steps
+        unit = 10 ** max(int(math.log10(needed)) - 2, 0)
+        enough = math.ceil(needed * 1.001 / unit) * unit
+        more = (f"`python prepare.py --dataset=slimpajama --tokenizer={data_meta['tokenizer']} "
+                f"--max_tokens={enough:_} --out_dir={self.data_dir}`" if by_domain else "more text")
+        raise SystemExit(f"train.py: {max_iters} steps of {global_batch} windows read "
+                         f"{max_iters * global_batch:,} windows of {self.block_size} tokens "
+                         f"({needed:,} tokens), but the training split of {self.data_dir} holds "
+                         f"{self.windows:,}, each read once (data_order={data_order!r}); prepare enough with "
+                         f"{more}, or allow repeats with --data_order=epochs")
+
+
+def validation_sets(val_split, val_domains, eval_iters, batch_size, block_size):
+    """(val_sets, full_val_sets), each {name: (shards, windows)}. val_sets, what every evaluation scores: the
+    validation split's eval_iters x batch_size windows, evenly spaced; or, where the data keeps it by domain
+    (SlimPajama), each domain's, as the paper scores them, sharing as many equally in whole batches (so
+    training's micro-batches divide them). full_val_sets: every window of every domain, which the last
+    evaluation of a run also scores, as the paper reports (ICLR A.6; the official src/training_args.py's
+    max_eval_samples=None); none for a single corpus (Shakespeare's runs, and their results, stay as they
+    were)."""
+    def sample(shards, count, what):
+        places = every_window(shards, block_size)
+        if len(places) < count:
+            raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than "
+                             f"the {count} evaluation takes; lower eval_iters or batch_size")
+        return shards, [places[round(k * (len(places) - 1) / max(count - 1, 1))] for k in range(count)]
+
+    if val_domains is None:
+        return {'val': sample(val_split, eval_iters * batch_size, 'the validation split')}, {}
+    share = -(-eval_iters // len(val_domains)) * batch_size
+    return ({name: sample(shards, share, f"the validation split of domain {name}")
+             for name, shards in val_domains.items()},
+            {name: (shards, every_window(shards, block_size)) for name, shards in val_domains.items()})
+
+
+def rank_pieces(sets, piece, rank, world_size):
+    """This rank's share of the windows of sets ({name: (shards, windows)}), in pieces of piece windows."""
+    return [(name, places[i:i + piece]) for name, (_, places) in sets.items()
+            for i in range(0, len(places), piece)][rank::world_size]
 
 
 # ------------------------------------------------------------------------------------------------------------
