@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import fields
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -43,6 +42,7 @@ from tqdm import tqdm
 
 import optim
 import support
+import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
 
@@ -104,7 +104,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory pro
 NODE_DATA = 'node_check'  # under data/
 GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
 TIMING_KEYS = ('tokens_per_sec', 'mfu', 'mfu_palm', 'peak_memory_gib')  # may differ in two runs of a step
-PADDED_VOCAB = -(-GPT2_VOCAB // 64) * 64  # as train.py pads it; GPT-NeoX's 50,277 tokens pad to this too
 # a config header's memory estimate, as every full-scale config states it
 MEMORY_LINE = re.compile(r'^# Memory: about (?P<eager>\d+) GB eager, (?P<compiled>\d+) GB compiled per GPU '
                          r'at (?P<sequences>\d+) sequences of (?P<tokens>\d+) tokens', re.M)
@@ -143,9 +142,8 @@ def memory_estimate_gb(settings, compiled):
     """The peak memory per GPU of training with these settings (a config file's, as configurator reads it), in
     GB: bf16 autocast, a micro-batch of micro_batch_size (or batch_size) sequences, eager or compiled. The
     method: docs/training.md, 'How the memory estimates are made'; each config header states the result."""
-    shape = {field.name: settings[field.name] for field in fields(GPTConfig) if field.name in settings}
-    with torch.device('meta'):
-        model = GPT(GPTConfig(**shape | {'vocab_size': PADDED_VOCAB}))
+    with torch.device('meta'):  # padded as train.py pads it (GPT-NeoX's 50,277 tokens pad to the same 50,304)
+        model = GPT(train_support.model_config(settings, GPT2_VOCAB))
     c = model.config
     d, f, kv = c.n_embd, c.ffn_hidden, c.n_kv_head * (c.n_embd // c.n_head)
     # Bytes a token keeps for the backward in one layer. Eager: the fp32 residual stream at both norms (8d),

@@ -80,7 +80,7 @@ class GPTConfig:
     """False drops block 1's residual connection of H0 (the embedding): then V2 no longer carries H0."""
     # --- the paper's baselines
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head = n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head=n_head."""
     denseformer: bool = False
     """DenseFormer baseline: after each block, a learned weighted average of the embedding and the outputs."""
     share_kv: str = 'none'
@@ -91,8 +91,8 @@ class GPTConfig:
     table (vocab x kv_dim) to its values, gated per KV head."""
     value_bank: bool = False
     """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third drops W_V and looks its
-    values up in its own token table, V_n = γ_v E_n[token] (γ_v learned, from 1), so the KV cache keeps token
-    ids for them. BoV trains the tables at AdamW lr 0.15; here, at the model's rate, decayed as embeddings."""
+    values up in its own token table, V_n = γ_v E_n[token] (γ_v learned, from 1), so the KV cache keeps
+    token ids for them. BoV trains them at AdamW lr 0.15; here they train and decay as embeddings do."""
 
     def __post_init__(self):
         # defaults, the named variant's flags, and a one-line ValueError for any bad setting
@@ -422,7 +422,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len, causal=True):
         """Training FLOPs per token: 6 per matmul weight, plus causal attention's QK^T and AV, 6·L·d·T (a
         fused causal kernel skips the masked half). causal=False: nanoGPT's and published MFUs' formula (PaLM,
-        appendix B), 12·L·d·T, which credits work no kernel does (at 65,536 tokens, nearly twice the MFU)."""
+        appendix B), 12·L·d·T, crediting work no kernel does (at 65,536 tokens, nearly twice the MFU)."""
         cfg = self.config
         attention = (6 if causal else 12) * cfg.n_layer * cfg.n_embd * seq_len
         return 6 * self.num_params(exclude_embedding=True) + attention
@@ -589,7 +589,7 @@ class KVCache:
     computes itself get a slot: SVFormer keeps values for layer 1 alone, CLA one K/V a pair, a bank of values
     the token ids it looks them up from. Later layers read the source layer's newest rows: nothing else."""
 
-    TOKEN_ID_DTYPE = torch.long  # int32 would make a compiled decoder specialise on slices of a longer prompt
+    TOKEN_ID_DTYPE = torch.long  # not int32: the cast makes a compiled decoder specialise on prompt slices
 
     def __init__(self, n_k_slots, n_v_slots, n_token_slots, max_seq_len):
         self.k = [None] * n_k_slots
@@ -651,8 +651,8 @@ def variant_lambdas(variant, n_layer, source=0):
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer; the paper says of λ' only "stronger for higher layers",
-        # so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight
+        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer; the paper says of λ' only "stronger for higher
+        # layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's weight
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]

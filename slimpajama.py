@@ -137,8 +137,8 @@ def prepare_slimpajama(args, out_dir):
 
 
 def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
-    """Write whole documents, each to its domain's writer (writers: {domain: support.ShardWriter}), while their
-    domain is under its token quota; stop when all are full.
+    """Write whole documents, each to its domain's writer (writers: {domain: support.ShardWriter}), while
+    their domain is under its token quota; stop when all are full.
 
     work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
     worked on ahead, in num_proc processes, but which documents are taken is decided here, in stream order, so

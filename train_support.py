@@ -3,7 +3,7 @@ What keeps train.py's runs safe on a laptop, a shared machine or a cluster, kept
 who came to see how the model trains: that reader can skip this file. train.py calls each part by name:
 
     check_settings, needs_gpu     every setting checked before anything touches out_dir, the model sized
-    check_model_fits              against the device's memory before it is built
+    model_config, check_model_fits  (its GPTConfig) against the device's memory before it is built
     RunFolder                     out_dir: a run never overwritten by accident, one writer at a time (a lock),
                                   what a kill left tidied, checkpoints written atomically, the log, and a line
                                   naming the last good checkpoint when a write fails
@@ -13,8 +13,12 @@ who came to see how the model trains: that reader can skip this file. train.py c
     NonFinite                     the NaN/inf stop
     StopSignals                   Ctrl-C or SIGTERM: a checkpoint at a step boundary, every rank stopping
                                   together and waiting for rank 0's save; errors as one line under torchrun
+    step_record, full_evaluation  what a step's and the last evaluation's log records and lines hold
+    EpochOrder, validation_sets   the training windows' epoch order and the one-epoch refusal; what evaluation
+    rank_pieces, seeded           scores, each rank's share of it; seeds drawn from the step alone
     micro_batches, ddp_options    each rank's share of a batch, DDP's gradient buckets
     mfu_peak                      the peak FLOP/s that MFU compares against (support.PEAK_TFLOPS)
+    use_deterministic_kernels     deterministic=True, for bench.py's node check
 """
 import contextlib
 import functools
@@ -89,8 +93,8 @@ def check_settings(config):
          f"weight_decay={c.weight_decay}, grad_clip={c.grad_clip}; use finite values, 0 or more"),
         (c.optimizer in ('adamw', 'muon'), f"optimizer={c.optimizer!r}; use 'adamw' or 'muon'"),
         (c.optimizer == 'adamw' or hasattr(torch.optim, 'Muon'),
-         f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later (this is torch {torch.__version__}); "
-         f"upgrade torch, or use optimizer='adamw'"),
+         f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later (this is torch "
+         f"{torch.__version__}); upgrade torch, or use optimizer='adamw'"),
         (0 < c.muon_lr < math.inf and c.muon_adjust_lr in ('original', 'match_rms_adamw'),
          f"muon_lr={c.muon_lr}, muon_adjust_lr={c.muon_adjust_lr!r}; use a finite rate above 0, and "
          f"'original' or 'match_rms_adamw'"),
@@ -643,7 +647,8 @@ def every_window(shards, block_size):
 
 class EpochOrder:
     """data_order 'epoch' and 'epochs': every training window once an epoch, in a seeded random order (the
-    paper's one epoch, ICLR Sec. 4.1.2)."""
+    paper's one epoch, ICLR Sec. 4.1.2). Built for every run, as it first checks what every data order needs:
+    each training shard holds a window."""
 
     def __init__(self, shards, block_size, seed, data_dir):
         if any(len(shard) <= block_size + 1 for shard in shards):
@@ -693,19 +698,19 @@ def validation_sets(val_split, val_domains, eval_iters, batch_size, block_size):
     evaluation of a run also scores, as the paper reports (ICLR A.6; the official src/training_args.py's
     max_eval_samples=None); none for a single corpus (Shakespeare's runs, and their results, stay as they
     were)."""
-    def sample(shards, count, what):
-        places = every_window(shards, block_size)
+    def sample(shards, places, count, what):
         if len(places) < count:
             raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than "
                              f"the {count} evaluation takes; lower eval_iters or batch_size")
         return shards, [places[round(k * (len(places) - 1) / max(count - 1, 1))] for k in range(count)]
 
     if val_domains is None:
-        return {'val': sample(val_split, eval_iters * batch_size, 'the validation split')}, {}
+        places = every_window(val_split, block_size)
+        return {'val': sample(val_split, places, eval_iters * batch_size, 'the validation split')}, {}
     share = -(-eval_iters // len(val_domains)) * batch_size
-    return ({name: sample(shards, share, f"the validation split of domain {name}")
-             for name, shards in val_domains.items()},
-            {name: (shards, every_window(shards, block_size)) for name, shards in val_domains.items()})
+    full_val_sets = {name: (shards, every_window(shards, block_size)) for name, shards in val_domains.items()}
+    return ({name: sample(shards, places, share, f"the validation split of domain {name}")
+             for name, (shards, places) in full_val_sets.items()}, full_val_sets)
 
 
 def rank_pieces(sets, piece, rank, world_size):
