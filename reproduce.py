@@ -21,6 +21,7 @@ same variant at a tiny shape. A summary whose probe differs from today's code's 
 trains differently ("stale"): the reports say so, and --retrain retrains it.
 """
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -941,6 +942,9 @@ def main(argv=None):
     parser.add_argument('--jobs', type=int, default=1,
                         help="runs in parallel on a CPU, sharing its cores; OMP_NUM_THREADS, if set, is each "
                              "run's thread count (default: %(default)s)")
+    parser.add_argument('--only', metavar='PATTERN', default='*',
+                        help="train only the groups whose label matches PATTERN (fnmatch: 'vanilla*'); the "
+                             "tables still show every finished group (default: %(default)s)")
     parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
     parser.add_argument('--dry_run', action='store_true',
                         help='list the runs and the state of each: todo, done, stale or unreadable')
@@ -972,7 +976,7 @@ def main(argv=None):
         raise SystemExit(0 if check(args.check, runs, runs_dir, results_dir, env) else 1)
     failures = {}
     for suite in suites:
-        runs = suite_runs(suite, args.scale, seeds)
+        runs = [run for run in suite_runs(suite, args.scale, seeds) if fnmatch.fnmatchcase(run[0], args.only)]
         if args.dry_run:
             for label, name, settings in runs:
                 state = summary_state(results_dir / 'runs' / f'{name}.json', settings)
