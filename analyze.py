@@ -62,6 +62,7 @@ from tqdm import tqdm
 
 import support
 from configurator import configure
+from model import AblationGPT
 from tokens import load_meta, load_tokenizer, open_split, prepare_command
 
 # -----------------------------------------------------------------------------
@@ -178,7 +179,7 @@ def load_models(run_args):
     models = {}
     for arg in run_args:
         path = checkpoint_path(arg)
-        model, checkpoint = support.load_checkpoint(path, device)
+        model, checkpoint = support.load_checkpoint(path, device, model_type=AblationGPT)  # its stats
         models[path] = model.eval(), checkpoint
     (first_path, (_, first)), *others = models.items()
     for path, (_, checkpoint) in others:

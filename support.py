@@ -134,9 +134,9 @@ def refuse_pipe(path, what, fix):
                          f"writer); {fix}")
 
 
-def load_checkpoint(path, device='cpu'):
+def load_checkpoint(path, device='cpu', model_type=None):
     """(model, checkpoint) from a checkpoint of train.py; a missing, damaged or piped file exits with one
-    line."""
+    line. model_type: the class to build (default GPT; analyze.py's AblationGPT records statistics)."""
     import torch  # here and below: only the scripts that train, sample or evaluate get here
     from model import GPT, GPTConfig
     refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
@@ -161,7 +161,7 @@ def load_checkpoint(path, device='cpu'):
         raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
                          "point to a checkpoint written by train.py")
     try:
-        model = GPT(GPTConfig(**checkpoint['model_args']))
+        model = (model_type or GPT)(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict({current_name(k): v for k, v in checkpoint['model'].items()})
     except Exception as e:  # weights or settings that do not fit this version of the model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -19,7 +19,7 @@ import tokens
 
 from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
                      sublayer_losses, token_norms)
-from model import GPT, GPTConfig
+from model import GPT, AblationGPT, GPTConfig
 from support import load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 from testing import run_script
@@ -78,7 +78,7 @@ def test_token_norms():
 
 
 def test_layer_metrics_of_a_forward_pass():
-    model = GPT(GPTConfig(**TINY, n_kv_head=1))
+    model = AblationGPT(GPTConfig(**TINY, n_kv_head=1))  # the model that records statistics
     stats = {}
     model(torch.randint(TINY['vocab_size'], (2, 10)), stats=stats)
     metrics = layer_metrics(stats)
@@ -102,7 +102,7 @@ def test_cosine_similarity_with_layer_1_is_per_position():
 @pytest.mark.parametrize('n_kv_head', [2, 1])
 def test_svformer_values_are_v1_in_every_layer(n_kv_head):
     torch.manual_seed(0)
-    model, stats = GPT(GPTConfig(**TINY, variant='svformer', n_kv_head=n_kv_head)), {}
+    model, stats = AblationGPT(GPTConfig(**TINY, variant='svformer', n_kv_head=n_kv_head)), {}
     with torch.no_grad():
         model(torch.randint(TINY['vocab_size'], (2, 10)), stats=stats)
     metrics = layer_metrics(stats)
@@ -160,7 +160,7 @@ def test_skipping_the_last_mlp_by_hand():
     with torch.no_grad():
         loss, skips = sublayer_losses(model, inputs, targets)
         rope, lambdas = (model.rope_cos[:11], model.rope_sin[:11]), model.lambdas
-        x, _ = model.blocks[0](model.wte(inputs), rope, lambdas[0], None, None, None)
+        x, _ = model.blocks[0](model.wte(inputs), rope, lambdas[0], None, None)
         last = model.blocks[1]
         x = x + last.attn(last.norm_attn(x), rope, lambdas[1], None, None)[0]  # and no MLP
         by_hand = F.cross_entropy(model.lm_head(model.norm_f(x)).flatten(0, 1), targets.flatten()).item()
@@ -207,7 +207,7 @@ def analyze(runs, *args):
 
 
 def entropies_of(path, windows):
-    model, _ = load_checkpoint(str(path))
+    model, _ = load_checkpoint(str(path), model_type=AblationGPT)
     stats = {}
     with torch.no_grad(), one_thread():
         model(torch.tensor(windows.astype(np.int64)), stats=stats)

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, VARIANTS, AblationAttention, CausalSelfAttention, GPTConfig
+from model import GPT, VARIANTS, AblationAttention, AblationGPT, CausalSelfAttention, GPTConfig
 import train_support
 from optim import configure_optimizers
 from support import load_checkpoint
@@ -796,66 +796,58 @@ def test_configure_optimizers_decay_groups(kw):
 
 # -------------------------------------------------------------------------------------- analysis stats
 
-# Layers (0-based, of 4) whose attention goes beyond the
-# paper's path; every other case uses the paper's alone.
-ABLATION_LAYERS = {
-    'cla': [1, 3], 'share_k': [1, 3], 'share_v': [1, 3],
-    'value_embeds': [1, 3], 'value_embeds_3_layers': [0, 2], 'value_embeds_resformer_gqa': [1, 3],
-    'value_bank': [2, 3], 'value_bank_resformer_gqa': [2, 3], 'value_bank_after_svformer_gqa': [2, 3],
-    'value_bank_share_k': [1, 2, 3], 'value_bank_source_in_bank': [2, 3],
-    'neutreno': [1, 2, 3], 'neutreno_resformer': [1, 2, 3], 'neutreno_v2': [2, 3],
-    'query_residual': [1, 2, 3], 'key_residual': [1, 2, 3], 'learnable_key_residual': [1, 2, 3],
-    'mapping_first': [1, 2, 3], 'mapping_first_rescaled': [1, 2, 3], 'mapping_identity': [1, 2, 3],
-    'mapping_identity_bank': [1, 2, 3],
-    'attention_residual': [0, 1, 2, 3], 'attention_residual_v2': [1, 2, 3],  # A from the source layer on
-}
-
-
 @pytest.mark.parametrize('case', ALL_CASES)
-def test_each_layer_gets_the_paper_attention_unless_an_ablation_changes_it(case):
-    """The attention class is chosen per layer when the model is built: the paper's variants (SVFormer, every
-    ResFormer, DenseFormer and the hidden residual, which act between blocks) use CausalSelfAttention alone;
-    AblationAttention goes exactly to the layers an ablation, baseline or value embedding changes."""
-    model = GPT(tiny_config(**ALL_CASES[case]))
-    kinds = [type(block.attn) for block in model.blocks]
-    assert set(kinds) <= {CausalSelfAttention, AblationAttention}
-    assert [i for i, kind in enumerate(kinds) if kind is AblationAttention] == ABLATION_LAYERS.get(case, [])
+def test_a_config_with_an_ablation_builds_ablation_gpt_and_the_paper_builds_gpt(case):
+    """GPT(config) is the paper's model (GPT, CausalSelfAttention in every layer) unless the config sets a
+    part-two flag; then it is an AblationGPT, whose every layer is an AblationAttention."""
+    config = tiny_config(**ALL_CASES[case])
+    model = GPT(config)
+    part_two = {'residual_source', 'residual_type', 'value_mapping', 'h0_residual', 'neutreno_lambda',
+                'denseformer', 'share_kv', 'value_embeds', 'value_bank'}
+    set_here = {k for k, v in dataclasses.asdict(config).items() if k in part_two
+                and v != dataclasses.asdict(GPTConfig())[k]}
+    assert set(config.ablations()) == set_here
+    if set_here:
+        assert type(model) is AblationGPT and isinstance(model, GPT)
+        assert {type(block.attn) for block in model.blocks} == {AblationAttention}
+    else:
+        assert type(model) is GPT
+        assert {type(block.attn) for block in model.blocks} == {CausalSelfAttention}
 
 
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_identity', 'svformer_gqa',
-                                  'resformer_learnable_plus'])
-def test_ablation_attention_computes_the_paper_path_exactly(case):
-    """AblationAttention repeats CausalSelfAttention.forward with the ablations added: with none of them set,
-    in place of the paper's attention in every layer (same weights), it gives the same logits, bit for bit, in
-    a full forward and when decoding with the KV cache."""
+                                  'resformer_learnable_plus', 'constant_rescaled', 'tied'])
+def test_ablation_gpt_computes_the_paper_model_exactly(case):
+    """AblationGPT repeats GPT's forward with the ablations added: with none of them set, built directly and
+    given GPT's weights (the same parameters, strictly), it gives the same logits, bit for bit, in a full
+    forward and when decoding with the KV cache."""
     model = tiny_model(**ALL_CASES[case])
+    assert type(model) is GPT
+    lab = AblationGPT(model.config).double().eval()
+    lab.load_state_dict(model.state_dict())
     idx = random_tokens(model)
 
-    def full_and_cached():
-        cache = model.new_kv_cache(16)
-        cached = [logits_of(model, idx[:, :5], kv_cache=cache), logits_of(model, idx[:, 5:], kv_cache=cache)]
-        return logits_of(model, idx), torch.cat(cached, dim=1)
+    def full_and_cached(m):
+        cache = m.new_kv_cache(16)
+        cached = [logits_of(m, idx[:, :5], kv_cache=cache), logits_of(m, idx[:, 5:], kv_cache=cache)]
+        return logits_of(m, idx), torch.cat(cached, dim=1)
 
-    paper = full_and_cached()
-    for layer, block in enumerate(model.blocks):
-        assert type(block.attn) is CausalSelfAttention
-        general = AblationAttention(model.config, layer).double().eval()
-        general.load_state_dict(block.attn.state_dict())  # strict: the same parameters
-        general.k_slot, general.v_slot = block.attn.k_slot, block.attn.v_slot
-        block.attn = general
-    ablation = full_and_cached()
+    paper, ablation = full_and_cached(model), full_and_cached(lab)
     assert torch.equal(ablation[0], paper[0]) and torch.equal(ablation[1], paper[1])
 
 
 @pytest.mark.parametrize('case', ['vanilla', 'svformer_gqa', 'neutreno_resformer', 'attention_residual_v2',
                                   'hidden_h1'])
 def test_stats_path_same_logits_and_fills_stats(case):
-    """forward(stats={}) computes the same model, bit for bit, and records per-layer causal attention
-    probabilities (rows sum to 1), keys, values (V'_n) and hidden states."""
+    """AblationGPT's forward(stats={}), which analyze.py runs on every model, computes the same model as GPT, bit
+    for bit, and records per-layer causal attention probabilities (rows sum to 1), keys, values (V'_n) and
+    hidden states."""
     model = tiny_model(**ALL_CASES[case])
+    lab = AblationGPT(model.config).double().eval()
+    lab.load_state_dict(model.state_dict())
     idx = random_tokens(model, T=10)
     stats = {}
-    assert torch.equal(logits_of(model, idx, stats=stats), logits_of(model, idx))
+    assert torch.equal(logits_of(lab, idx, stats=stats), logits_of(model, idx))
     cfg = model.config
     for key in ('attn', 'keys', 'values', 'hidden'):
         assert len(stats[key]) == cfg.n_layer, key
