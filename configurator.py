@@ -27,27 +27,41 @@ whose default is None takes None or the type given for it in `types` (any litera
 Any mistake stops the program with one line that starts with "config error".
 """
 import ast
+import dataclasses
 import difflib
+import inspect
 import io
+import textwrap
 import tokenize
 import traceback
 import types as pytypes
 
-import support
-
+from vrl import cli
 LITERAL_TYPES = (bool, int, float, str, tuple, list, type(None))
 
 
-def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None):
+def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None, fields_of=None,
+              except_fields=()):
     """Return a copy of `defaults` with the config files and --key=value arguments in `argv` applied.
+    defaults: {setting: default}, or a script's globals(), whose settings are the names bound to literal
+    values (bool, int, float, str, tuple, list, None) that do not start with '_'.
 
     types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
     script: the caller's file (__file__); --help reads its comments.
+    fields_of: a dataclass whose fields (but except_fields) are settings too, at the dataclass's defaults
+    unless `defaults` has them (train.py's GPTConfig); --help gives each its docstring.
     verbose: print an 'Overriding: key = value' line per override, to log_to (None = stdout)."""
+    defaults = {k: v for k, v in defaults.items() if not k.startswith('_') and isinstance(v, LITERAL_TYPES)}
+    more_help = None
+    if fields_of is not None:
+        fields = [f for f in dataclasses.fields(fields_of) if f.name not in except_fields]
+        defaults = {f.name: f.default for f in fields} | defaults
+        types = {f.name: f.type for f in fields} | (types or {})
+        more_help = (f"model ({fields_of.__name__}, {fields_of.__module__}.py)", field_docs(fields_of))
     kinds = {key: type(default) if default is not None else (types or {}).get(key)
              for key, default in defaults.items()}
     if '--help' in argv or '-h' in argv:
-        print(help_text(defaults, kinds, script))
+        print(help_text(defaults, kinds, script, more_help))
         raise SystemExit(0)
     config = dict(defaults)
     for arg in argv:
@@ -133,7 +147,7 @@ def _describe(kind, nullable=False):
 
 def _read_config_file(path):
     """Run a config file; return its top-level names that are not private."""
-    support.refuse_pipe(path, "config error: config file", "save the config as a file")
+    cli.refuse_pipe(path, "config error: config file", "save the config as a file")
     try:
         with open(path, encoding='utf-8') as f:
             source = f.read()
@@ -162,18 +176,23 @@ def _read_config_file(path):
 # --help: the settings as the script lays them out
 
 
-def help_text(defaults, kinds, script):
+def help_text(defaults, kinds, script, more_help=None):
     """The script's docstring, then every setting as --key=default with its trailing comment, under the
-    comment lines that head its group in the script (a line of dashes ends the settings' preamble)."""
+    comment lines that head its group in the script (a line of dashes ends the settings' preamble), then
+    more_help's settings under its heading."""
     docstring, entries = '', []  # entries: a heading str, or (key, comment) for a setting
     if script is not None:
         with open(script, encoding='utf-8') as f:
             source = f.read()
         docstring = ast.get_docstring(ast.parse(source)) or ''
         entries = _settings_layout(source, defaults)
+    heading, comments = more_help or ('', {})
+    entries = [(e[0], e[1] or comments.get(e[0], '')) if isinstance(e, tuple) else e for e in entries]
     listed = {entry[0] for entry in entries if isinstance(entry, tuple)}
+    more = [(key, comments[key]) for key in comments if key in defaults and key not in listed]
+    entries += [heading, *more] if more else []
     # set elsewhere than in a plain assignment
-    entries += [(key, '') for key in defaults if key not in listed]
+    entries += [(key, '') for key in defaults if key not in listed and key not in comments]
 
     def setting(key):
         kind = f" ({kinds[key].__name__})" if defaults[key] is None and kinds[key] is not None else ''
@@ -230,3 +249,12 @@ def _settings_layout(source, defaults):
         elif heading(line):
             entries.append(comments[line][0])
     return entries
+
+
+def field_docs(cls):
+    """{field: its docstring, on one line} of a dataclass whose fields each have one below them, as
+    GPTConfig's do."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: ' '.join(doc.value.value.split())
+            for node, doc in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
+            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)}

@@ -1,21 +1,14 @@
 """
 Value Residual Learning (Zhou et al., arXiv 2410.17897) in one file: ResFormer and SVFormer.
 
-A Llama-style decoder (pre-norm RMSNorm, RoPE, SwiGLU, no biases) with one extra residual path, on
-the attention *values*: every layer n > 1 mixes layer 1's values V1 into its own before attention,
+A Llama-style decoder (pre-norm RMSNorm, RoPE, SwiGLU, no biases) with one more residual path, on
+the attention values: every layer n > 1 mixes layer 1's values V1 into its own before attention,
 
-    U_n = softmax(Q_n K_n^T / sqrt(d)) (λ_{n,1} V1 + λ_{n,2} V_n)
+    U_n = softmax(Q_n K_n^T / sqrt(d)) (λ_{n,1} V1 + λ_{n,2} V_n),    λ of shape (n_layer, 2)
 
-with a per-layer λ of shape (n_layer, 2). λ = (0, 1) is the vanilla Transformer, (0.5, 0.5) Identity
-ResFormer, and (1, 0) SVFormer, whose layers n > 1 then have no value projection at all (and so cache
-no values).
-
-Part one is the paper: GPTConfig, the named variants and their λ, CausalSelfAttention, Block, GPT
-(whose forward takes V1 at layer 1 and hands it to every later layer), KVCache and generation. A
-reader can stop at the line that starts part two: the ablations of the paper's Sec. 4.4 (Sec. 4.3 of
-its ICLR text), the baselines, values from outside the paper, and the checks behind GPTConfig's
-one-line errors. Layers are 1-based in the paper and 0-based in code: the paper's layer n is
-`blocks[n - 1]`.
+λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
+then have no value projection (and cache no values). Part one is the paper, down to a marked line;
+part two, the ablations, the baselines and the config checks. The paper's layer n is blocks[n - 1].
 """
 
 import math
@@ -54,59 +47,42 @@ class GPTConfig:
     """Share the input embedding with the LM head (the paper keeps them untied)."""
     # --- the paper's value residual
     variant: str = 'custom'
-    """A name from VARIANTS that sets the flags below, or 'custom' to set them yourself."""
+    """A preset of VARIANTS that sets the flags below (vanilla, svformer, neutreno(_resformer), cla,
+    resformer_identity/constant/sparse/learnable(_plus), denseformer, share_k/v), or 'custom'."""
     value_residual: bool = False
-    """Mix V1 into every later layer's values with the weights in `lambdas` (ResFormer / SVFormer)."""
+    """Mix V1 into every later layer's values, weighted by `lambdas` (ResFormer, SVFormer)."""
     lambdas: tuple = None
-    """(n_layer, 2) rows (weight on V1, weight on V_n); row 1 must be (0, 1). None = Identity, (0.5,
-    0.5). A layer whose fixed weight on V_n is 0 is an SVFormer layer: it has no W_V."""
+    """n_layer rows (weight on V1, weight on V_n), row 1 (0, 1); None: Identity's (0.5, 0.5). A
+    layer with a fixed weight 0 on V_n is an SVFormer layer: it has no W_V."""
     lambda_mode: str = 'fixed'
-    """'fixed' (λ as given), 'learnable' (λ initialised from `lambdas`), or 'plus' (Learnable-Plus:
-    λ_{n,1} = λ · softmax(λ')_n, initialised to equal `lambdas`)."""
+    """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ·softmax(λ')_n)"""
     value_rescale: bool = False
-    """Post-residual rescaling, our reading of the paper: use V'_n / (λ_{n,1} + λ_{n,2})."""
-    # --- part two (below): the ablations (Sec. 4.4), the baselines, values from outside the paper
+    """Post-residual rescaling, our reading of the paper: V'_n / (λ_{n,1} + λ_{n,2})."""
+    # --- part two: the ablations (the paper's Sec. 4.4), baselines, values from outside the paper
     residual_source: int = 0
-    """The 0-based layer later layers take the residual from: 0 = V1 (the paper), 1 = V2; layers up
-    to it are unchanged. With residual_type='hidden', whose *input* is taken: 0 = H0, 1 = H1."""
+    """The layer later layers mix in (0-based): 0 = V1 (the paper), 1 = V2; H_s under 'hidden'."""
     residual_type: str = 'value'
-    """What the λ table mixes in the layers after the source s: 'value' (ResFormer), 'query' (Q'_n =
-    λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n likewise, an explicit softmax) or
-    'hidden' (the attention reads λ1 norm(H_s) + λ2 norm(x_n); x_n and the MLP unchanged: ours)."""
+    """What λ mixes: 'value' (ResFormer), 'query', 'key', 'attention' (A itself) or 'hidden'."""
     value_mapping: str = 'current'
-    """Which attention maps earlier values: 'current' (ResFormer: A_n (λ1 V1 + λ2 V_n)), 'first'
-    (λ1 A_1 V1 + λ2 A_n V_n) or 'identity' (ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i,
-    unattended; no λ, so it takes residual_source=0 and the default lambdas, unused)."""
+    """Which attention maps V1: 'current' (A_n, ResFormer), 'first' (A_1) or 'identity' (none)."""
     h0_residual: bool = True
-    """False drops block 1's residual connection of H0 (the embedding): then V2 no longer carries H0."""
+    """False drops block 1's residual connection of H0 (the embedding)."""
     neutreno_lambda: float = 0.0
-    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off. Needs n_kv_head =
-    n_head."""
+    """NeuTRENO baseline: U_n = A_n V'_n + λ(V1 - V'_n) in layers n > 1; 0 = off."""
     denseformer: bool = False
-    """DenseFormer baseline: after each block, a learned weighted average of the embedding and every
-    block's output."""
+    """DenseFormer baseline: each block's input a learned average of all earlier outputs."""
     share_kv: str = 'none'
-    """Cross-layer sharing in pairs of layers: 'kv' (CLA), 'k' or 'v' (ICLR Sec. 3.5), or 'none'."""
+    """Layer pairs share 'kv' (CLA), 'k' or 'v' (ICLR Sec. 3.5), or 'none'."""
     value_embeds: bool = False
-    """Value embeddings (karpathy/nanochat, gpt.py): every other layer, the last included, adds a
-    token table (vocab x kv_dim) to its values, gated per KV head."""
+    """Value embeddings (nanochat): every other layer adds a gated token table to its values."""
     value_bank: bool = False
-    """Bank of Values (He et al., arXiv 2606.02780): each layer of the last third drops W_V and looks
-    its values up in its own token table, V_n = γ_v E_n[token] (γ_v learned, from 1), so the KV
-    cache keeps token ids for them. BoV trains them at AdamW lr 0.15; here they train as embeddings."""
+    """Bank of Values (arXiv 2606.02780): the top third of the layers look their values up."""
 
     def __post_init__(self):
         resolve_config(self)  # part two: defaults, the named variant's flags, one-line errors
 
-    def ablations(self):
-        """The part-two settings (residual_source and every field after it) that differ from their
-        defaults. With none, GPT is the paper's model; with any, GPT(config) is an AblationGPT."""
-        names = [f.name for f in fields(self)]
-        return [f.name for f in fields(self)[names.index('residual_source'):]
-                if getattr(self, f.name) != f.default]
 
-
-# The named variants: each sets these flags (the others keep their defaults) and takes its λ rows from
+# The named variants: each sets these flags (the others keep their defaults), its λ rows come from
 # variant_lambdas, right below. NeuTRENO, DenseFormer and the K/V sharing are the paper's baselines.
 VARIANTS = {
     'vanilla': {}, 'resformer_identity': dict(value_residual=True),
@@ -129,13 +105,12 @@ def variant_lambdas(variant, n_layer, source=0):
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]                 # the paper: λ = 2
     elif variant == 'resformer_sparse':
-        # only the top 3/8 of the stack gets V1 (8 layers: 6-8 with λ1 = 5, the paper's best sparse
-        # setting)
+        # V1 in the top 3/8 of the layers only (at 8 layers 6-8, λ1 = 5: the paper's best setting)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer; the paper says of λ' only "stronger for higher
-        # layers", so we choose λ' = linspace(0, 1): the top layer starts with e times the bottom's
+        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer. Of λ' the paper says only "stronger for
+        # higher layers": we choose linspace(0, 1), so the top layer starts at e x the bottom's
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -147,7 +122,7 @@ def variant_lambdas(variant, n_layer, source=0):
 
 
 class CausalSelfAttention(nn.Module):
-    """The paper's attention for one layer: vanilla, ResFormer or SVFormer, with or without a KV cache."""
+    """The paper's attention of one layer: vanilla, ResFormer or SVFormer, with or without cache."""
 
     def __init__(self, config, layer):
         super().__init__()
@@ -156,39 +131,40 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
-        self.takes_v1 = config.value_residual and layer > 0     # ResFormer: mixes V1 into its values
-        # SVFormer: a fixed weight 0 on its own V_n: the layer attends over V1 alone and has no W_V
-        self.svformer = self.takes_v1 and config.lambda_mode == 'fixed' and config.lambdas[layer][1] == 0
-        self.c_q = nn.Linear(d, d, bias=False)                                       # W_Q
-        self.c_k = nn.Linear(d, kv_dim, bias=False)                                  # W_K
-        self.c_v = None if self.svformer else nn.Linear(d, kv_dim, bias=False)      # W_V
-        self.c_proj = nn.Linear(d, d, bias=False)                                    # W_O
+        self.takes_v1 = config.value_residual and layer > 0  # ResFormer: mixes V1 into its values
+        # SVFormer: with a fixed weight 0 on its own V_n the layer attends over V1 alone: no W_V
+        self.svformer = (self.takes_v1 and config.lambda_mode == 'fixed'
+                         and config.lambdas[layer][1] == 0)
+        self.c_q = nn.Linear(d, d, bias=False)                                     # W_Q
+        self.c_k = nn.Linear(d, kv_dim, bias=False)                                # W_K
+        self.c_v = None if self.svformer else nn.Linear(d, kv_dim, bias=False)    # W_V
+        self.c_proj = nn.Linear(d, d, bias=False)                                  # W_O
 
     def forward(self, x, rope, lam, v1, kv_cache):
-        """x (B, T, C) -> (output (B, T, C), the values attended over (B, H_kv, T_k, hd)). lam: this
+        """x (B, T, C) -> (output (B, T, C), the values attended over (B, H_kv, T_k, hd)). lam: the
         layer's (λ_{n,1}, λ_{n,2}); v1: layer 1's values at every position so far (None in layer 1);
         kv_cache: a KVCache to continue from and write to, or None."""
         T = x.size(1)
-        q = self.heads(self.c_q, x, rope)                                   # Q_n = RoPE(x W_Q)
-        k = self.heads(self.c_k, x, rope)                                   # K_n = RoPE(x W_K)
+        q = self.heads(self.c_q, x, rope)                                 # Q_n = RoPE(x W_Q)
+        k = self.heads(self.c_k, x, rope)                                 # K_n = RoPE(x W_K)
         if kv_cache is not None:
-            k = kv_cache.store(kv_cache.k, self.k_slot, k)                 # keys of every position
+            k = kv_cache.store(kv_cache.k, self.k_slot, k)               # keys of every position
         if self.svformer:
-            v = lam[0] * v1                                                 # SVFormer: U_n = A_n V1
+            v = lam[0] * v1                                               # SVFormer: U_n = A_n V1
         else:
-            v = self.heads(self.c_v, x)                                     # V_n = x W_V (no RoPE)
+            v = self.heads(self.c_v, x)                                   # V_n = x W_V (no RoPE)
             if self.takes_v1:
                 # ResFormer: V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the value heads before any GQA
                 # repetition. V1 is not detached: every later layer trains layer 1's W_V. Only V1's
                 # newest T rows: the cache already holds the mixed V'_n of every earlier position.
                 v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
-                v = kv_cache.store(kv_cache.v, self.v_slot, v)             # a ResFormer caches V'_n
-        y = attention(q, k, v, self.dropout if self.training else 0.0)    # U_n = softmax(QK^T/√d) V'_n
+                v = kv_cache.store(kv_cache.v, self.v_slot, v)           # a ResFormer caches V'_n
+        y = attention(q, k, v, self.dropout if self.training else 0.0)  # U_n = softmax(QK^T/√d)V'_n
         return self.project_out(y), v
 
     def heads(self, linear, x, rope=None):
-        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), RoPE if given."""
+        """x (B, T, C) through a projection, split into heads (B, heads, T, head_dim), with RoPE."""
         B, T, _ = x.shape
         h = linear(x).view(B, T, -1, self.head_dim)
         return (h if rope is None else apply_rope(h, *rope)).transpose(1, 2)
@@ -201,22 +177,23 @@ class CausalSelfAttention(nn.Module):
 
 
 def newest(t, T):
-    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t also holds cached ones.
-    In training T_k = T, and a slice would still cost a zero-filled copy in the backward: none is taken."""
+    """The last T positions of t (B, heads, T_k, D): a layer's new rows when t holds cached ones.
+    In training T_k = T, and a slice would still cost a zero-filled copy in the backward: none."""
     return t if t.size(2) == T else t[:, :, -T:]
 
 
 def attention(q, k, v, dropout_p):
-    """softmax(QK^T/sqrt(d)) V with a causal mask through SDPA's fused kernels; q (B, H, T, D), k and v
+    """softmax(QK^T/sqrt(d)) V, causal, through SDPA's fused kernels; q (B, H, T, D), k and v
     (B, H_kv, T_k, D) with T_k >= T, the last T of them at q's positions."""
     T, T_k, gqa = q.size(2), k.size(2), k.size(1) != q.size(1)
     if T == T_k:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                               enable_gqa=gqa)
-    # A chunk after a cache: SDPA's is_causal aligns the mask top-left, which is wrong here, so build
-    # the mask (one new token sees every cached position and needs none).
+    # a chunk after a cache: SDPA's is_causal aligns the mask top-left, wrong here: build the mask
+    # (one new token sees every cached position and needs none)
     mask = None if T == 1 else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          enable_gqa=gqa)
 
 
 def rope_table(head_dim, max_len, theta):
@@ -267,8 +244,8 @@ class GPT(nn.Module):
     block_type = Block  # part two's AblationGPT builds AblationBlocks
 
     def __new__(cls, config=None):
-        # a config with an ablation set (GPTConfig.ablations) builds part two's AblationGPT, a GPT
-        if cls is GPT and config is not None and config.ablations():
+        # a config with a part-two flag set builds part two's AblationGPT, a subclass of GPT
+        if cls is GPT and config is not None and ablations(config):
             cls = AblationGPT
         return super().__new__(cls)
 
@@ -285,34 +262,34 @@ class GPT(nn.Module):
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
-        # KV cache slots: one per K and V a layer computes itself, so SVFormer's layers, which have no
-        # W_V, store no values: layer 1's are read instead
+        # KV cache slots: one per K and V a layer computes itself; SVFormer's layers have no W_V, so
+        # they store no values and read layer 1's
         attns = [block.attn for block in self.blocks]
         for slot, attn in enumerate(a for a in attns if a.c_k is not None):
             attn.k_slot = slot
         for slot, attn in enumerate(a for a in attns if a.c_v is not None):
             attn.v_slot = slot
-        self.kv_slots = (sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns), 0)
+        self.kv_slots = sum(a.c_k is not None for a in attns), sum(a.c_v is not None for a in attns)
         self.init_weights()
 
     def init_weights(self):
-        """The paper's (Hugging Face Llama's) init: every linear and embedding weight from N(0, 0.02²)."""
+        """The paper's (Hugging Face Llama's) init: linear and embedding weights N(0, 0.02²)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def store_lambdas(self, config):
-        """λ of the layers after layer 1 (part two's residual_source: after it), as lambda_mode needs:
-        a fixed table, or parameters, 1-D so that the optimizer never decays them."""
+        """λ of the layers after layer 1 (or part two's residual_source), as lambda_mode needs: a
+        fixed table, or parameters, 1-D so that the optimizer never decays them."""
         L, s = config.n_layer, config.residual_source
-        later = torch.tensor(config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s))
-        later = later.view(L - 1 - s, 2)
+        rows = config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s)
+        later = torch.tensor(rows).view(L - 1 - s, 2)
         if config.lambda_mode == 'fixed':
             self.register_buffer('lambdas_fixed', self.whole_table(later), persistent=False)
         elif config.lambda_mode == 'learnable':
             self.lambda_v1 = nn.Parameter(later[:, 0].clone())
             self.lambda_vn = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started so that it equals `lambdas`
+        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started equal to `lambdas`
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_logits = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_vn = nn.Parameter(later[:, 1].clone())
@@ -332,13 +309,13 @@ class GPT(nn.Module):
         return table
 
     def whole_table(self, later):
-        """The λ rows of the later layers under layer 1's row (0, 1)."""
+        """The later layers' λ rows under layer 1's row (0, 1)."""
         unchanged = torch.zeros_like(later[:1])
-        unchanged[:, 1] = 1.0  # filled on the device: new_tensor would copy from the host each forward
+        unchanged[:, 1] = 1.0  # filled on the device: new_tensor would copy from the host
         return torch.cat([unchanged.expand(self.config.residual_source + 1, 2), later])
 
     def forward(self, idx, targets=None, kv_cache=None):
-        """(logits (B, T, vocab), None), or given targets, (None, the mean cross-entropy, ignoring -1).
+        """(logits (B, T, vocab), None), or with targets (None, mean cross-entropy, ignoring -1).
         kv_cache: continue from the positions it holds, and add these."""
         T = idx.size(1)
         pos = self.check_length(T, kv_cache)
@@ -355,7 +332,7 @@ class GPT(nn.Module):
         return self.logits_or_loss(x, targets)
 
     def check_length(self, T, kv_cache):
-        """The position the T new tokens start at; an error if the model's context cannot hold them."""
+        """The position T new tokens start at, if the model's context holds them."""
         pos = 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
         if pos + T > limit:
@@ -364,8 +341,8 @@ class GPT(nn.Module):
         return pos
 
     def logits_or_loss(self, x, targets):
-        """The LM head on the final hidden states: logits, or only the loss when training (logits kept
-        beside a loss would be saved for the backward: 6.6 GB at 82M)."""
+        """The LM head: logits, or the loss alone when training (logits kept beside a loss would be
+        saved for the backward: 6.6 GB at 82M)."""
         logits = self.lm_head(self.norm_f(x))
         if targets is None:
             return logits, None
@@ -373,11 +350,11 @@ class GPT(nn.Module):
                                      ignore_index=-1)
 
     def token_tables(self):
-        """Part two's token tables (value embeddings, banks of values); the paper's model has none."""
+        """Part two's token tables (value embeddings, banks of values): the paper has none."""
         return []
 
     def num_params(self, exclude_embedding=False):
-        """Parameters (shared ones once); exclude_embedding: without token tables, lookups of no FLOPs."""
+        """Parameters (shared ones once); exclude_embedding: without the token tables (no FLOPs)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
             n -= sum(table.weight.numel() for table in self.token_tables())
@@ -385,9 +362,9 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len, causal=True):
-        """Training FLOPs per token: 6 per matmul weight, plus causal attention's QK^T and AV, 6·L·d·T (a
-        fused causal kernel skips the masked half). causal=False: nanoGPT's and published MFUs' formula
-        (PaLM, appendix B), 12·L·d·T, crediting work no kernel does (at 65,536 tokens, nearly 2x MFU)."""
+        """Training FLOPs a token: 6 per matmul weight, and causal attention's QK^T and AV, 6·L·d·T
+        (a fused kernel skips the masked half). causal=False: PaLM's (appendix B) and nanoGPT's
+        count, 12·L·d·T, crediting work no kernel does (at 65,536 tokens, nearly twice the MFU)."""
         cfg = self.config
         attention = (6 if causal else 12) * cfg.n_layer * cfg.n_embd * seq_len
         return 6 * self.num_params(exclude_embedding=True) + attention
@@ -395,26 +372,27 @@ class GPT(nn.Module):
     # --- inference: a KV cache and generation
     def new_kv_cache(self, max_seq_len=None):
         """An empty cache for up to max_seq_len (default block_size) positions."""
-        return KVCache(*self.kv_slots, min(max_seq_len or self.config.block_size, self.config.block_size))
+        size = min(max_seq_len or self.config.block_size, self.config.block_size)
+        return KVCache(*self.kv_slots, size)
 
     def kv_bytes_per_token(self, element_size=2):
-        """Bytes a KV cache holds per position of each sequence: K and V of every slot at element_size
-        bytes an element, and the token id a bank of values looks its values up from."""
-        n_k, n_v, n_tokens = self.kv_slots
-        kv_dim = self.config.n_kv_head * (self.config.n_embd // self.config.n_head)
-        return (n_k + n_v) * kv_dim * element_size + n_tokens * KVCache.TOKEN_ID_DTYPE.itemsize
+        """Bytes a KV cache holds per position of a sequence: K and V of every slot, element_size
+        bytes an element."""
+        n_k, n_v = self.kv_slots
+        return (n_k + n_v) * self.config.n_kv_head * (self.config.n_embd // self.config.n_head) \
+            * element_size
 
     def compile_for_decoding(self):
         """torch.compile for generate(): once for a prompt, once for single tokens. On a CPU a small
-        model's tokens cost mostly per-call overhead, which inductor's C++ wrapper largely removes."""
+        model's tokens cost mostly per-call overhead, which inductor's C++ wrapper removes."""
         self.compile(options={'cpp_wrapper': self.lm_head.weight.device.type == 'cpu'})
 
     @torch.no_grad()
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
                         kv_cache=None, vocab_size=None):
-        """Yield the next token (B, 1), max_new_tokens times; temperature=0 is greedy. kv_cache: decode
-        into this one. vocab_size: sample only ids below it (not the padding). Past block_size the
-        context is cropped to its last block_size tokens, with or without the cache."""
+        """Yield the next token (B, 1), max_new_tokens times; temperature=0 is greedy. kv_cache:
+        decode into this one. vocab_size: sample only ids below it (not the padding). Past
+        block_size, the context is cropped to its last block_size tokens, cache or not."""
         block_size = self.config.block_size
         if use_cache and kv_cache is None:
             kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens)
@@ -422,7 +400,7 @@ class GPT(nn.Module):
             kv_cache.reset()
         for _ in range(max_new_tokens):
             if kv_cache is not None and kv_cache.pos == kv_cache.max_seq_len:
-                kv_cache.reset()  # the context is full: start over on the cropped context, as uncached
+                kv_cache.reset()  # full: start over on the cropped context, as without the cache
             fresh = idx[:, -block_size:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
             logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :vocab_size].float()
             if temperature == 0:
@@ -437,56 +415,70 @@ class GPT(nn.Module):
             yield next_token
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab_size=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
+                 vocab_size=None):
         """idx (B, T) extended by max_new_tokens (generate_tokens's arguments)."""
-        return torch.cat([idx, *self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache,
-                                                     vocab_size=vocab_size)], dim=1)
+        new = self.generate_tokens(idx, max_new_tokens, temperature, top_k, use_cache,
+                                   vocab_size=vocab_size)
+        return torch.cat([idx, *new], dim=1)
 
 
 class KVCache:
     """Keys and values of past positions, preallocated to max_seq_len on first write. Only tensors a
-    layer computes itself get a slot: SVFormer keeps values for layer 1 alone (and part two's CLA one
-    K/V a pair, a bank of values the token ids it looks them up from)."""
+    layer computes itself get a slot: SVFormer keeps values for layer 1 alone."""
 
-    TOKEN_ID_DTYPE = torch.long  # not int32: the cast makes a compiled decoder specialise on slices
-
-    def __init__(self, n_k_slots, n_v_slots, n_token_slots, max_seq_len):
-        self.k = [None] * n_k_slots
-        self.v = [None] * n_v_slots
-        self.tokens = [None] * n_token_slots
+    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+        self.k, self.v = [None] * n_k_slots, [None] * n_v_slots
         self.max_seq_len = max_seq_len
         self.pos = 0  # positions already cached; the model advances it after each forward
 
     def store(self, slots, slot, new):
-        """Write new (B, heads, T, head_dim) entries at self.pos; return all the slot holds so far."""
+        """Write new (B, heads, T, head_dim) entries at self.pos; return all the slot holds now."""
         B, H, T, D = new.shape
         if slots[slot] is None:
             slots[slot] = new.new_empty(B, H, self.max_seq_len, D)
         slots[slot][:, :, self.pos:self.pos + T] = new
         return slots[slot][:, :, :self.pos + T]
 
-    def store_tokens(self, idx):
-        """Write token ids idx (B, T) at self.pos; return those of every position so far (B, pos + T)."""
-        B, T = idx.shape
-        if self.tokens[0] is None:
-            self.tokens[0] = idx.new_empty(B, self.max_seq_len, dtype=self.TOKEN_ID_DTYPE)
-        self.tokens[0][:, self.pos:self.pos + T] = idx
-        return self.tokens[0][:, :self.pos + T]
-
     def reset(self):
         self.pos = 0
 
     def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.tokens if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
 
-# =====================================================================================================
+
+# ==================================================================================================
 # Part two: the ablations (Sec. 4.4 of the latest version, 4.3 of the ICLR text), the baselines and
-# values from outside the paper, for the models whose config sets one (GPTConfig.ablations); then the
-# checks behind GPTConfig's one-line errors. AblationGPT computes what GPT does when none is set.
+# values from outside the paper, for a config that sets one of GPTConfig's part-two fields; then the
+# checks behind GPTConfig's one-line errors. With none set, AblationGPT computes what GPT does.
+#   residual_source  the layer s later layers take the residual from: 0 = V1, 1 = V2; the layers up
+#                    to it are unchanged. With residual_type='hidden', whose input: 0 = H0, 1 = H1.
+#   residual_type    what λ mixes in the layers after s: 'value' (ResFormer), 'query' (Q'_n =
+#                    λ1 Q_s + λ2 Q_n), 'key' (K'_n likewise), 'attention' (A'_n likewise, explicit)
+#                    or 'hidden' (the attention reads λ1 norm(H_s) + λ2 norm(x_n); our reading).
+#   value_mapping    which attention maps V_s: 'current' (A_n (λ1 V1 + λ2 V_n)), 'first' (λ1 A_1 V1
+#                    + λ2 A_n V_n) or 'identity' (ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i,
+#                    unattended; no λ, so residual_source=0 and the default lambdas, unused).
+#   h0_residual      False: block 1 drops its residual connection of H0, so V2 no longer carries H0.
+#   neutreno_lambda  NeuTRENO: U_n = A_n V'_n + λ(V1 - V'_n) after the source; n_kv_head = n_head.
+#   share_kv         CLA pairs of layers (0, 1), (2, 3), ...: the second reuses the first's K and V.
+#   value_embeds     nanochat's gpt.py: every other layer, the last included, adds a token table
+#                    (vocab x kv_dim) to its values, gated per KV head.
+#   value_bank       Bank of Values (He et al.): each layer of the last third drops W_V and looks
+#                    its values up in its own table, V_n = γ_v E_n[token] (γ_v learned, from 1); the
+#                    cache keeps token ids for them. BoV trains them at lr 0.15, here as embeddings.
+
+
+def ablations(cfg):
+    """The part-two fields (residual_source and those after it) set away from their defaults."""
+    names = [f.name for f in fields(cfg)]
+    return [f.name for f in fields(cfg)[names.index('residual_source'):]
+            if getattr(cfg, f.name) != f.default]
+
 
 # What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd)
-# over every cached position; attn (B, H, T, T_k) when computed explicitly; out, U = attn·v before W_O.
+# over every cached position; attn (B, H, T, T_k) when explicit; out, U = attn·v before W_O.
 Heads = namedtuple('Heads', 'q k v attn out')
 
 
@@ -542,7 +534,7 @@ class AblationAttention(nn.Module):
         self.dropout = config.dropout
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
-        self.mixes = mixes(config, layer)  # 'query', 'key', 'attention' or 'value' (see self.mapping)
+        self.mixes = mixes(config, layer)  # 'query', 'key', 'attention' or 'value' (self.mapping)
         self.mapping = config.value_mapping if self.mixes == 'value' else None
         self.takes_v1, self.svformer = takes_v1(config, layer), is_svformer_layer(config, layer)
         self.shares_v = shares_prev(config, layer, 'v')
@@ -552,7 +544,8 @@ class AblationAttention(nn.Module):
         self.c_q = nn.Linear(d, d, bias=False)
         self.c_k = None if shares_prev(config, layer, 'k') else nn.Linear(d, kv_dim, bias=False)
         in_bank = in_value_bank(config, layer)
-        self.c_v = None if self.svformer or self.shares_v or in_bank else nn.Linear(d, kv_dim, bias=False)
+        own_values = not (self.svformer or self.shares_v or in_bank)
+        self.c_v = nn.Linear(d, kv_dim, bias=False) if own_values else None
         self.c_proj = nn.Linear(d, d, bias=False)
         # value embeddings: a token table, gated by the first 12 channels of the layer's input
         embeds = has_value_embed(config, layer)
@@ -564,9 +557,9 @@ class AblationAttention(nn.Module):
 
     @torch.no_grad()
     def init_tables(self, wte, eps):
-        """After GPT's init: nanochat's value-embedding gate starts a little above 3σ(0) = 1.5; BoV's
-        bank row t at RMSNorm(wte[t]) W_V^T, the layer's values from the token alone (W_V drawn, then
-        dropped)."""
+        """After GPT's init: nanochat's value-embedding gate starts a little above 3σ(0) = 1.5;
+        BoV's bank row t at RMSNorm(wte[t]) W_V^T, the layer's values from the token alone (W_V
+        drawn, then dropped)."""
         if self.ve_gate is not None:
             nn.init.uniform_(self.ve_gate.weight, 0.0, 0.02)
         if self.bank is not None:
@@ -575,13 +568,13 @@ class AblationAttention(nn.Module):
             self.bank.weight.copy_(x0 @ w_v.T)
 
     def forward(self, x, rope, lam, v1, kv_cache, source, prev, idx, tokens, v_sum):
-        """As CausalSelfAttention.forward, returning Heads; source, prev: the Heads of the source layer
-        and of the previous one; idx: the new tokens (B, T); tokens: every position's (B, T_k); v_sum:
-        the identity mapping's Σ_{i<n} V_i at the new positions."""
+        """As CausalSelfAttention.forward, returning Heads; source, prev: the Heads of the source
+        layer and of the previous one; idx: the new tokens (B, T); tokens: every position's
+        (B, T_k); v_sum: the identity mapping's Σ_{i<n} V_i at the new positions."""
         B, T, C = x.shape
         q = self.heads(self.c_q, x, rope)
         if self.mixes == 'query':
-            q = lam[0] * source.q + lam[1] * q  # query residual, Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
+            q = lam[0] * source.q + lam[1] * q  # Q'_n = λ1 Q1 + λ2 Q_n (RoPE is linear)
         if self.c_k is None:
             k = prev.k  # CLA / share-K: the previous layer's keys
         else:
@@ -597,14 +590,17 @@ class AblationAttention(nn.Module):
         elif self.bank is not None:
             # Bank of Values: V_n = γ_v E_n[token], a function of the token ids alone, so the cache
             # keeps those (AblationGPT.forward) and every position's values are looked up again
-            v = self.gamma_v * self.bank(tokens).view(B, -1, self.n_kv_head, self.head_dim).transpose(1, 2)
-            if self.takes_v1:  # with ResFormer, V'_n = λ1 V1 + λ2 γ_v E_n[token], V1 at every position
+            table = self.bank(tokens).view(B, -1, self.n_kv_head, self.head_dim).transpose(1, 2)
+            v = self.gamma_v * table
+            if self.takes_v1:  # with ResFormer, V'_n = λ1 V1 + λ2 γ_v E_n[token], at every position
                 v = lam[0] * v1 + lam[1] * v
         else:
             v = self.heads(self.c_v, x)
-            if self.value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], per KV head
-                gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features])).transpose(1, 2)
-                table = self.value_embed(idx).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            if self.value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], per head
+                gate = self.ve_gate(x[..., :self.ve_gate.in_features])
+                gate = 3 * torch.sigmoid(gate).transpose(1, 2)
+                table = self.value_embed(idx).view(B, T, self.n_kv_head, self.head_dim)
+                table = table.transpose(1, 2)
                 v = v + gate.unsqueeze(-1) * table
             if self.takes_v1:
                 v = lam[0] * newest(v1, T) + lam[1] * v
@@ -615,21 +611,23 @@ class AblationAttention(nn.Module):
         if self.explicit_softmax:
             probs = attention_probs(q, k)
             if self.mixes == 'attention':
-                probs = lam[0] * source.attn + lam[1] * probs  # attention residual, A'_n = λ1 A1 + λ2 A_n
-            y = F.dropout(probs, dropout) @ v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+                probs = lam[0] * source.attn + lam[1] * probs  # A'_n = λ1 A1 + λ2 A_n
+            repeat = self.n_head // self.n_kv_head
+            y = F.dropout(probs, dropout) @ v.repeat_interleave(repeat, dim=1)
         else:
             y = attention(q, k, v, dropout)
         if self.mapping == 'first':  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
             y = lam[0] * source.out + lam[1] * y
-        if self.mapping == 'identity':  # ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i, unattended
+        if self.mapping == 'identity':  # ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i
             y = y + (v_sum / self.layer).repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         if self.neutreno_lambda:
-            y = y + self.neutreno_lambda * (newest(v1, T) - newest(v, T))  # NeuTRENO: U_n += λ (V1 - V'_n)
+            # NeuTRENO: U_n += λ (V1 - V'_n)
+            y = y + self.neutreno_lambda * (newest(v1, T) - newest(v, T))
         return self.project_out(y), Heads(q, k, v, probs, y)
 
 
 class AblationBlock(Block):
-    """Block with AblationAttention, and the hidden residual and h0_residual, which act on its input."""
+    """Block with AblationAttention, and the hidden residual and h0_residual (on its input)."""
     attention_type = AblationAttention
 
     def __init__(self, config, layer):
@@ -648,18 +646,40 @@ class AblationBlock(Block):
         return x + self.mlp(self.norm_mlp(x)), heads
 
 
+class TokenKVCache(KVCache):
+    """KVCache, and the token ids a bank of values looks its values up from (instead of values)."""
+
+    TOKEN_ID_DTYPE = torch.long  # not int32: the cast makes a compiled decoder specialise on slices
+
+    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+        super().__init__(n_k_slots, n_v_slots, max_seq_len)
+        self.tokens = None
+
+    def store_tokens(self, idx):
+        """Write token ids (B, T) at self.pos; return every position's so far (B, pos + T)."""
+        B, T = idx.shape
+        if self.tokens is None:
+            self.tokens = idx.new_empty(B, self.max_seq_len, dtype=self.TOKEN_ID_DTYPE)
+        self.tokens[:, self.pos:self.pos + T] = idx
+        return self.tokens[:, :self.pos + T]
+
+    def nbytes(self):
+        tokens = 0 if self.tokens is None else self.tokens.numel() * self.tokens.element_size()
+        return super().nbytes() + tokens
+
+
 class AblationGPT(GPT):
     """GPT with the ablations, baselines and token tables of part two, and the per-layer statistics
-    that analyze.py reads. GPT(config) builds one when the config sets an ablation; any config may
-    build one directly (with no ablation it computes what GPT does, bit for bit)."""
+    that lab/analyze.py reads. GPT(config) builds one when the config sets an ablation; any config
+    may build one directly (with no ablation it computes what GPT does, bit for bit)."""
     block_type = AblationBlock
 
     def __init__(self, config):
         super().__init__(config)
         L = config.n_layer
+        # DenseFormer's α: block i's output weights X_0 .. X_{i+1}, started at the identity
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(i + 1), i + 2).float())
-                                    for i in range(L)) if config.denseformer else None  # DenseFormer's α
-        self.kv_slots = (*self.kv_slots[:2], int(config.value_bank))  # a bank keeps token ids
+                                    for i in range(L)) if config.denseformer else None
 
     def init_weights(self):
         """GPT's init, the token tables last (as drawn when GPT held them: the same weights from a
@@ -671,14 +691,23 @@ class AblationGPT(GPT):
         for block in self.blocks:
             block.attn.init_tables(self.wte.weight, self.config.norm_eps)
 
+    def new_kv_cache(self, max_seq_len=None):
+        """GPT's cache, with room for the token ids a bank of values keeps instead of its values."""
+        return TokenKVCache(*self.kv_slots, super().new_kv_cache(max_seq_len).max_seq_len)
+
+    def kv_bytes_per_token(self, element_size=2):
+        """GPT's, and the token id that a bank of values caches instead of its values."""
+        bank = self.config.value_bank * TokenKVCache.TOKEN_ID_DTYPE.itemsize
+        return super().kv_bytes_per_token(element_size) + bank
+
     def token_tables(self):
         """The layers' token tables (value embeddings, banks of values), in layer order."""
         return [table for block in self.blocks
                 for table in (block.attn.value_embed, block.attn.bank) if table is not None]
 
     def forward(self, idx, targets=None, kv_cache=None, stats=None):
-        """GPT.forward, with what the ablations read carried from block to block. stats: a dict to fill
-        with per-layer 'attn', 'keys', 'values' (V'_n) and 'hidden' (analyze.py)."""
+        """GPT.forward, with what the ablations read carried from block to block. stats: a dict to
+        fill with per-layer 'attn', 'keys', 'values' (V'_n) and 'hidden' (lab/analyze.py)."""
         T = idx.size(1)
         pos = self.check_length(T, kv_cache)
         rope = (self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T])
@@ -686,10 +715,11 @@ class AblationGPT(GPT):
         x = F.dropout(self.wte(idx), self.config.dropout, self.training)
         s = self.config.residual_source  # 0: the residual comes from layer 1 (V1); 1: from layer 2
         v1 = source = prev = None  # V_s, the Heads of its layer, and of the last layer
-        v_sum = 0  # the identity mapping (Eqn. 6): every earlier layer's values at the new positions
+        v_sum = 0  # the identity mapping (Eqn. 6): every earlier layer's values, new positions
         kept = {'outputs': [x]}  # what between_blocks keeps from block to block
         # the token ids of every position attended over, cached ones included: a bank's values
-        tokens = idx if kv_cache is None or not self.config.value_bank else kv_cache.store_tokens(idx)
+        bank = kv_cache is not None and self.config.value_bank
+        tokens = kv_cache.store_tokens(idx) if bank else idx
         for i, block in enumerate(self.blocks):
             x = self.between_blocks(i, x, prev, kept, stats)
             inputs = dict(source=source, prev=prev, idx=idx, tokens=tokens, v_sum=v_sum)
@@ -705,15 +735,16 @@ class AblationGPT(GPT):
         return self.logits_or_loss(x, targets)
 
     def between_blocks(self, i, x, prev, kept, stats):
-        """The residual stream x before block i (i = n_layer: after the last), where DenseFormer, the
-        statistics and the hidden residual's H_s act. prev: block i - 1's Heads."""
-        if i > 0 and self.dwa is not None:  # DenseFormer: X_i becomes Σ_j α_{i-1,j} X_j over X_0 .. X_i
+        """The residual stream x before block i (i = n_layer: after the last), where DenseFormer,
+        the statistics and the hidden residual's H_s act. prev: block i - 1's Heads."""
+        if i > 0 and self.dwa is not None:  # DenseFormer: X_i becomes Σ_j α_{i-1,j} X_j, X_0 .. X_i
             kept['outputs'].append(x)
             x = sum(a * h for a, h in zip(self.dwa[i - 1], kept['outputs']))
         if stats is not None and i == 0:
             stats.update(attn=[], keys=[], values=[], hidden=[])
-        elif stats is not None:  # block i - 1's A (computed here unless the layer had it), K, V', output
-            stats['attn'].append(attention_probs(prev.q, prev.k) if prev.attn is None else prev.attn)
+        elif stats is not None:  # block i - 1's A (computed here unless it was), K, V', output
+            attn = attention_probs(prev.q, prev.k) if prev.attn is None else prev.attn
+            stats['attn'].append(attn)
             stats['keys'].append(prev.k)
             stats['values'].append(prev.v)
             stats['hidden'].append(x)
@@ -723,8 +754,8 @@ class AblationGPT(GPT):
 
 
 def attention_probs(q, k):
-    """The causal attention matrix softmax(QK^T/sqrt(d)) as a tensor (B, H, T, T_k): for the attention-
-    matrix residual and for analysis, which need A itself rather than A·V."""
+    """The causal attention matrix softmax(QK^T/sqrt(d)) as a tensor (B, H, T, T_k): for the
+    attention-matrix residual and for analysis, which need A itself rather than A·V."""
     T, T_k = q.size(2), k.size(2)
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
@@ -732,10 +763,11 @@ def attention_probs(q, k):
     return scores.masked_fill(~causal, float('-inf')).softmax(dim=-1)
 
 
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # GPTConfig's checks: a bad setting or an impossible combination is a one-line ValueError.
 
-VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer', 'share_kv')
+VARIANT_FLAGS = ('value_residual', 'lambdas', 'lambda_mode', 'neutreno_lambda', 'denseformer',
+                 'share_kv')
 # the flags that name one of a few choices, and those choices
 CHOICES = dict(lambda_mode=('fixed', 'learnable', 'plus'), share_kv=('none', 'kv', 'k', 'v'),
                residual_type=('value', 'query', 'key', 'attention', 'hidden'),
@@ -753,10 +785,12 @@ def resolve_config(cfg):
         return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
     def finite(value):
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number and math.isfinite(value)
 
     for name in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size'):
-        need(whole(getattr(cfg, name)), f"{name} must be a positive integer, got {getattr(cfg, name)!r}")
+        value = getattr(cfg, name)
+        need(whole(value), f"{name} must be a positive integer, got {value!r}")
     for name in ('n_kv_head', 'ffn_hidden'):
         value = getattr(cfg, name)
         need(value is None or whole(value), f"{name} must be a positive integer (or None for the "
@@ -766,12 +800,14 @@ def resolve_config(cfg):
     for name in ('rope_theta', 'norm_eps'):
         value = getattr(cfg, name)
         need(finite(value) and value > 0, f"{name}={value!r} must be a positive finite number")
-    need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0, f"dropout={cfg.dropout!r} must be in [0, 1)")
-    need(finite(cfg.neutreno_lambda), f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
+    need(finite(cfg.dropout) and 0.0 <= cfg.dropout < 1.0,
+         f"dropout={cfg.dropout!r} must be in [0, 1)")
+    need(finite(cfg.neutreno_lambda),
+         f"neutreno_lambda={cfg.neutreno_lambda!r} must be a finite number")
     s = cfg.residual_source
     need(isinstance(s, int) and not isinstance(s, bool) and (s == 0 or 0 < s < cfg.n_layer - 1),
-         f"residual_source={s!r} must be a layer index from 0 to {cfg.n_layer - 2}: a later layer must "
-         "mix it in")
+         f"residual_source={s!r} must be a layer index from 0 to {cfg.n_layer - 2}: a later layer "
+         "must mix it in")
     if cfg.lambdas is not None:
         try:
             cfg.lambdas = tuple((float(a), float(b)) for a, b in cfg.lambdas)
@@ -790,21 +826,24 @@ def resolve_config(cfg):
 def apply_variant(cfg):
     """Set the flags of cfg's named variant; a flag given with another value is an error."""
     if cfg.variant not in VARIANTS:
-        raise ValueError(f"unknown variant {cfg.variant!r}; choose one of: custom, {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown variant {cfg.variant!r}; choose one of: custom, "
+                         f"{', '.join(VARIANTS)}")
     defaults = {f.name: f.default for f in fields(cfg)}
     preset = {k: defaults[k] for k in VARIANT_FLAGS} | VARIANTS[cfg.variant]
     preset['lambdas'] = variant_lambdas(cfg.variant, cfg.n_layer, cfg.residual_source)
     for k, value in preset.items():
         if getattr(cfg, k) not in (defaults[k], value):
-            raise ValueError(f"variant={cfg.variant!r} sets {k}={value!r}, but {k}={getattr(cfg, k)!r} "
-                             f"was given; use variant='custom' to set it yourself")
+            raise ValueError(f"variant={cfg.variant!r} sets {k}={value!r}, but "
+                             f"{k}={getattr(cfg, k)!r} was given; use variant='custom' to set it "
+                             "yourself")
         setattr(cfg, k, value)
 
 
 def check_flags(cfg):
     """Combinations of flags that cannot work, each with a one-line reason."""
     s = cfg.residual_source
-    need(cfg.n_embd % cfg.n_head == 0, f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")
+    need(cfg.n_embd % cfg.n_head == 0,
+         f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}")
     need((cfg.n_embd // cfg.n_head) % 2 == 0,
          f"head_dim={cfg.n_embd // cfg.n_head} must be even for RoPE")
     need(cfg.n_head % cfg.n_kv_head == 0,
@@ -813,61 +852,69 @@ def check_flags(cfg):
         value, (*others, last) = getattr(cfg, name), map(repr, choices)
         need(value in choices, f"{name}={value!r}; use {', '.join(others)} or {last}")
     need(cfg.value_mapping == 'current' or cfg.residual_type == 'value',
-         f"value_mapping={cfg.value_mapping!r} maps values, but residual_type={cfg.residual_type!r}; "
-         "use residual_type='value'")
+         f"value_mapping={cfg.value_mapping!r} maps values, but "
+         f"residual_type={cfg.residual_type!r}; use residual_type='value'")
     need(not cfg.neutreno_lambda or cfg.n_kv_head == cfg.n_head,
          "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
     if cfg.value_embeds:
         lacking = [n + 1 for n in range(cfg.n_layer) if has_value_embed(cfg, n)
                    and (is_svformer_layer(cfg, n) or shares_prev(cfg, n, 'v'))]
-        need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have none "
-                          f"(SVFormer or share_kv); drop value_embeds or pick another variant")
+        need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} have "
+                          f"none (SVFormer or share_kv); drop value_embeds or pick another variant")
     bank = [n + 1 for n in range(cfg.n_layer) if in_value_bank(cfg, n)]  # 1-based, as in messages
     if cfg.value_bank:
-        need(cfg.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is layer 1, "
-                               "whose values already depend on the token alone")
+        need(cfg.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is "
+                               "layer 1, whose values already depend on the token alone")
         both = [n for n in bank if has_value_embed(cfg, n - 1)]
         need(not both, f"value_embeds and value_bank both give layer(s) {both} a token table; "
                        "use one of them")
         shared = [n for n in bank if shares_prev(cfg, n - 1, 'v')]
-        need(not shared, f"share_kv={cfg.share_kv!r} makes layer(s) {shared} reuse the values of the "
-                         f"layer before, but value_bank gives layers {bank[0]}-{bank[-1]} their own "
-                         "tables; use share_kv='k' or 'none'")
+        need(not shared, f"share_kv={cfg.share_kv!r} makes layer(s) {shared} reuse the values of "
+                         "the layer before, but value_bank gives layers "
+                         f"{bank[0]}-{bank[-1]} their own tables; use share_kv='k' or 'none'")
     if not cfg.value_residual:
-        need(cfg.lambdas is None, "lambdas are only used with value_residual=True; set it or drop lambdas")
-        need(cfg.lambda_mode == 'fixed', f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")
+        need(cfg.lambdas is None,
+             "lambdas are only used with value_residual=True; set it or drop lambdas")
+        need(cfg.lambda_mode == 'fixed',
+             f"lambda_mode={cfg.lambda_mode!r} needs value_residual=True")
         need(not cfg.value_rescale, "value_rescale needs value_residual=True")
         need(cfg.residual_type == 'value' and cfg.value_mapping == 'current',
-             "residual_type and value_mapping choose what value_residual mixes; set value_residual=True")
-        need(s == 0 or cfg.neutreno_lambda, "residual_source needs value_residual=True or neutreno_lambda")
+             "residual_type and value_mapping choose what value_residual mixes; set "
+             "value_residual=True")
+        need(s == 0 or cfg.neutreno_lambda,
+             "residual_source needs value_residual=True or neutreno_lambda")
         return
-    need(cfg.n_layer >= 2, "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
+    need(cfg.n_layer >= 2,
+         "value_residual needs n_layer >= 2: layer 1 has no earlier value to mix in")
     need(len(cfg.lambdas) == cfg.n_layer,
          f"lambdas must have shape ({cfg.n_layer}, 2), got {len(cfg.lambdas)} rows")
-    unweighted = cfg.lambdas == variant_lambdas('resformer_identity', cfg.n_layer)  # the default, unused
+    # the default lambdas, unused
+    unweighted = cfg.lambdas == variant_lambdas('resformer_identity', cfg.n_layer)
     need(cfg.value_mapping != 'identity' or (s == 0 and unweighted and cfg.lambda_mode == 'fixed'
                                              and not cfg.value_rescale),
-         "value_mapping='identity' (ICLR Eqn. 6) adds the mean of every earlier layer's values and has "
-         "no λ: use residual_source=0 and drop lambdas, lambda_mode and value_rescale")
+         "value_mapping='identity' (ICLR Eqn. 6) adds the mean of every earlier layer's values "
+         "and has no λ: use residual_source=0 and drop lambdas, lambda_mode and value_rescale")
     for n, row in enumerate(cfg.lambdas[:s + 1]):
         need(row == (0.0, 1.0),
-             f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, got {row}")
+             f"lambdas[{n}] must be (0, 1): layers up to residual_source={s} are unchanged, "
+             f"got {row}")
     svformer = [n for n in bank if is_svformer_layer(cfg, n - 1)]
     if svformer:
-        raise ValueError(f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but SVFormer "
-                         f"layer(s) {svformer} have none of their own (a fixed zero weight on V_n); give "
-                         "them a weight on V_n in lambdas or drop value_bank")
+        raise ValueError(f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but "
+                         f"SVFormer layer(s) {svformer} have none of their own (a fixed zero "
+                         "weight on V_n); give them a weight on V_n in lambdas or drop value_bank")
     need(cfg.residual_type != 'value' or cfg.share_kv not in ('v', 'kv'),
          f"share_kv={cfg.share_kv!r} shares V across layers, which value_residual also redefines "
          "(SVFormer already shares V1); use share_kv='k' or 'none'")
     need(cfg.residual_type != 'key' or cfg.share_kv not in ('k', 'kv'),
-         f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also redefines; "
-         "use share_kv='v' or 'none'")
-    if cfg.lambda_mode == 'fixed' and (cfg.residual_type != 'value' or cfg.value_mapping != 'current'):
+         f"share_kv={cfg.share_kv!r} shares K across layers, which the key residual also "
+         "redefines; use share_kv='v' or 'none'")
+    not_plain = cfg.residual_type != 'value' or cfg.value_mapping != 'current'
+    if cfg.lambda_mode == 'fixed' and not_plain:
         need(all(b != 0 for _, b in cfg.lambdas[s + 1:]),
              "a zero weight on the layer's own term leaves its projections untrained with "
-             f"residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the value "
-             "residual (SVFormer) drops them")
+             f"residual_type={cfg.residual_type!r}, value_mapping={cfg.value_mapping!r}; only the "
+             "value residual (SVFormer) drops them")
     need(cfg.lambda_mode != 'plus' or all(a > 0 for a, _ in cfg.lambdas[s + 1:]),
          "lambda_mode='plus' needs every later lambdas[n][0] > 0 (it is λ·softmax)")
     need(not cfg.value_rescale or all(a + b != 0 for a, b in cfg.lambdas[s + 1:]),

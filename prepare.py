@@ -18,8 +18,9 @@ Choices made here, and why:
   (SlimPajama: across its validation files in name order), as the blank line also occurs inside documents;
   analyze.py starts its windows there.
 
-The tokenizers and the reading of what this writes (load_meta, open_split, ...) are tokens.py's, SlimPajama's
-reader is slimpajama.py, the lock and the atomic swap of out_dir support.py's; each step's choices are below.
+The tokenizers are vrl/tokenizer.py's and the reading of what this writes (load_meta, open_split, ...)
+vrl/data.py's; SlimPajama's reader is vrl/slimpajama.py, the lock and the atomic swap of out_dir
+vrl/datafiles.py's. Each step's choices are below.
 """
 
 import argparse
@@ -40,21 +41,21 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-import support
-from tokens import CHAR_SEPARATOR, NEOX_HUB, CharTokenizer, bpe_tokenizer
+from vrl import cli, datafiles
+from vrl.tokenizer import CHAR_SEPARATOR, NEOX_HUB, CharTokenizer, bpe_tokenizer
 
 # -----------------------------------------------------------------------------
 # From documents to train.bin and val.bin, for Shakespeare and any --input text: the documents are read and
 # checked before anything is written (main), each becomes token ids and its separator (encode_documents),
 # every k-th is held out (split_documents), and the ids are written as uint16 with meta.json
-# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (slimpajama.py).
+# (prepare_documents). SlimPajama, too big to hold in memory, takes its own path (vrl/slimpajama.py).
 
 
 def main(argv=None):
     args = parse_args(argv)
     # read and check the input before anything is written (SlimPajama, streamed, is checked as it is written)
     if args.dataset == "slimpajama":
-        import slimpajama  # the paper's data: a module of its own, which only this dataset needs
+        from vrl import slimpajama  # the paper's data: a module of its own, which only this dataset needs
         fingerprint = slimpajama.files_fingerprint(args.input) if args.input else None
         prepare_into = functools.partial(slimpajama.prepare_slimpajama, args)
     else:
@@ -68,18 +69,18 @@ def main(argv=None):
         fingerprint = documents_fingerprint(documents)
         prepare_into = functools.partial(prepare_documents, documents, args, source, license_text)
     settings = settings_of(args, fingerprint)
-    with support.claimed(args.out_dir, "prepare.py"):
-        meta = support.already_prepared(args.out_dir, settings)
+    with datafiles.claimed(args.out_dir, "prepare.py"):
+        meta = datafiles.already_prepared(args.out_dir, settings)
         if meta is not None:
             print(f"already prepared: {args.out_dir} ({meta['train_tokens']:,} train and "
                   f"{meta['val_tokens']:,} val tokens); delete its meta.json to prepare it again")
             return
         t0 = time.time()
-        with support.partial_dir(args.out_dir, "prepare.py") as partial:
+        with datafiles.partial_dir(args.out_dir, "prepare.py") as partial:
             meta = prepare_into(partial)
             meta["settings"] = settings
-            support.write_file(os.path.join(partial, "meta.json"), json.dumps(meta, indent=1).encode())
-            support.replace_outputs(partial, args.out_dir, OUTPUT_FILE)
+            datafiles.write_file(os.path.join(partial, "meta.json"), json.dumps(meta, indent=1).encode())
+            datafiles.replace_outputs(partial, args.out_dir, OUTPUT_FILE)
 
     print(f"wrote {args.out_dir}: {meta['train_documents']:,} train and "
           f"{meta['val_documents']:,} val documents, "
@@ -116,7 +117,7 @@ def prepare_documents(documents, args, source, license_text, out_dir):
     meta.update(split=rule, files={}, max_token=0)
     for split, pieces in (("train", train), ("val", val)):
         ids = np.concatenate([np.asarray(ids, dtype=np.uint16) for _, ids in pieces])
-        support.write_file(os.path.join(out_dir, f"{split}.bin"), ids.tobytes())
+        datafiles.write_file(os.path.join(out_dir, f"{split}.bin"), ids.tobytes())
         meta["files"][f"{split}.bin"] = meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_documents"] = len(pieces)
         meta["max_token"] = max(meta["max_token"], int(ids.max()))
@@ -227,7 +228,7 @@ def text_documents(path, text_field):
                              f"a .jsonl")
         return [(os.path.basename(p), read_text(p)) for p in paths]
     if path.endswith(".jsonl"):
-        return [(None, record[text_field]) for record in jsonl_records(path, text_field)]
+        return [(None, record[text_field]) for record in datafiles.jsonl_records(path, text_field)]
     return [(os.path.basename(path), read_text(path))]
 
 
@@ -241,35 +242,6 @@ def read_text(path):
         raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
 
 
-def jsonl_records(path, text_field):
-    """The records of a .jsonl file, each checked to have a string text_field."""
-    try:
-        with open_text(path) as f:
-            for line_number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise SystemExit(f"prepare.py: {path} line {line_number} is not JSON; "
-                                     f"fix or remove it") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise SystemExit(f"prepare.py: {path} line {line_number} has no text field "
-                                     f"{text_field!r}; name the field with --text_field=NAME")
-                yield record
-    except UnicodeDecodeError:
-        raise SystemExit(f"prepare.py: {path} is not UTF-8 text; convert it to UTF-8") from None
-    except OSError as e:
-        raise SystemExit(f"prepare.py: cannot read {path} ({e.strerror}); check --input") from None
-
-
-def open_text(path):
-    """A UTF-8 text file, decompressed on the fly when it is .zst (as SlimPajama ships its files)."""
-    if path.endswith(".zst"):
-        import zstandard  # slimpajama.slimpajama_paths checked that it is installed
-        return zstandard.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
 # -----------------------------------------------------------------------------
 # Command line
 
@@ -280,7 +252,7 @@ def token_count(text):
 
 
 def parse_args(argv=None):
-    parser = support.ArgumentParser(prog="prepare.py", allow_abbrev=False,
+    parser = cli.ArgumentParser(prog="prepare.py", allow_abbrev=False,
                                     description=__doc__.split("Choices made here")[0].strip(),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["shakespeare", "text", "slimpajama"],
@@ -316,7 +288,7 @@ def parse_args(argv=None):
     if args.tokenizer is None:
         args.tokenizer = "neox" if args.dataset == "slimpajama" else "char"
     if args.dataset == "slimpajama":
-        import slimpajama  # its own checks: BPE only, and what streaming from the hub needs
+        from vrl import slimpajama  # its own checks: BPE only, and what streaming from the hub needs
         slimpajama.check_args(args, parser.error)
     if args.tokenizer_file is not None:
         if args.tokenizer != "neox":
@@ -348,11 +320,11 @@ def parse_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# Reruns and replacing a prepared folder. A rerun does nothing (support.already_prepared) when meta.json
+# Reruns and replacing a prepared folder. A rerun does nothing (datafiles.already_prepared) when meta.json
 # records the same settings and input fingerprint (a sha256 of the documents read into memory; for local
 # SlimPajama, too big to hash each time, each file's name, size and mtime) and the .bin files have their
 # recorded sizes. Otherwise the input is read and checked first, and out_dir is rewritten whole
-# (support.claimed, partial_dir, replace_outputs), but only the files this script writes (OUTPUT_FILE).
+# (datafiles.claimed, partial_dir, replace_outputs), but only the files this script writes (OUTPUT_FILE).
 
 
 # the .bin files this script writes (SlimPajama's validation: shards of each RedPajama domain), and no others

@@ -18,9 +18,9 @@ from contextlib import nullcontext
 
 import torch
 
-import support
 from configurator import configure
-from tokens import load_tokenizer
+from vrl import cli, hardware, run_folder
+from vrl.tokenizer import load_tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the training run's folder
@@ -56,15 +56,15 @@ if top_k < 1:
                      f"(a large value such as 50304 keeps all)")
 if not 0 <= seed < 2 ** 64:
     raise SystemExit(f"sample.py: seed={seed}; use an integer from 0 to 2**64 - 1")
-device = support.pick_device(device)
+device = hardware.pick_device(device)
 device_type = device.split(':')[0]
-dtype = support.pick_dtype(dtype, device_type)
+dtype = hardware.pick_dtype(dtype, device_type)
 torch.manual_seed(seed)
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 
 path = os.path.join(out_dir, ckpt)
-model, checkpoint = support.load_checkpoint(path, device)
+model, checkpoint = run_folder.load_checkpoint(path, device)
 if not all(p.isfinite().all() for p in model.parameters()):
     raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
                      "sample from another checkpoint, e.g. --ckpt=best.pt")
@@ -78,7 +78,7 @@ tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's token
 # the prompt
 if start.startswith('FILE:'):
     try:
-        support.refuse_pipe(start[5:], "sample.py: the prompt file", "save the prompt to a file, or pass "
+        cli.refuse_pipe(start[5:], "sample.py: the prompt file", "save the prompt to a file, or pass "
                             "--start=TEXT")
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
@@ -105,7 +105,7 @@ prompt_text = tokenizer.decode(start_ids)
 # cache (up to block_size positions) and one step's logits (fp32)
 length = len(start_ids) + max_new_tokens
 cache = min(length, config.block_size) * model.kv_bytes_per_token(4 if dtype == 'float32' else 2) * use_cache
-support.check_fits(num_samples * (8 * length + cache + 4 * config.vocab_size), device,
+hardware.check_fits(num_samples * (8 * length + cache + 4 * config.vocab_size), device,
                    f"sample.py: num_samples={num_samples} samples of {len(start_ids)} + {max_new_tokens} "
                    f"tokens", "draw fewer samples at a time (num_samples) or fewer tokens (max_new_tokens)")
 x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)

@@ -18,12 +18,12 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_identity --out_dir=out/main468m_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_learnable --out_dir=out/main468m_resformer_learnable
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_468m.py --variant=resformer_learnable_plus --out_dir=out/main468m_resformer_learnable_plus
-#   python eval.py --out_dir=out/main468m_vanilla
-#   python eval.py --out_dir=out/main468m_neutreno
-#   python eval.py --out_dir=out/main468m_denseformer
-#   python eval.py --out_dir=out/main468m_resformer_identity
-#   python eval.py --out_dir=out/main468m_resformer_learnable
-#   python eval.py --out_dir=out/main468m_resformer_learnable_plus
+#   python lab/eval.py --out_dir=out/main468m_vanilla
+#   python lab/eval.py --out_dir=out/main468m_neutreno
+#   python lab/eval.py --out_dir=out/main468m_denseformer
+#   python lab/eval.py --out_dir=out/main468m_resformer_identity
+#   python lab/eval.py --out_dir=out/main468m_resformer_learnable
+#   python lab/eval.py --out_dir=out/main468m_resformer_learnable_plus
 # Memory: about 40 GB eager, 27 GB compiled per GPU at 8 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

@@ -19,10 +19,10 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=32000 --batch_size=2 --out_dir=out/sec4.2_resformer_T32000
 #   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --block_size=64000 --batch_size=1 --out_dir=out/sec4.2_vanilla_T64000
 #   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=64000 --batch_size=1 --out_dir=out/sec4.2_resformer_T64000
-#   python eval.py --out_dir=out/sec4.2_vanilla_T2048
-#   python eval.py --out_dir=out/sec4.2_resformer_T2048
-#   python eval.py --out_dir=out/sec4.2_vanilla_T64000
-#   python eval.py --out_dir=out/sec4.2_resformer_T64000
+#   python lab/eval.py --out_dir=out/sec4.2_vanilla_T2048
+#   python lab/eval.py --out_dir=out/sec4.2_resformer_T2048
+#   python lab/eval.py --out_dir=out/sec4.2_vanilla_T64000
+#   python lab/eval.py --out_dir=out/sec4.2_resformer_T64000
 # Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 # micro_batch_size = batch_size, so each GPU takes 64,000-65,536 tokens a pass at every length, and fused (flash)
 # attention keeps memory linear in the length: about as much at each.

@@ -3,7 +3,7 @@
 # values (arXiv 2606.02780; docs/model.md) replaces W_V in layers 3-4 by two 50,304 x 128 tables: 26.7M parameters
 # against the Transformer's 13.8M, and KV bytes per token (16-bit) 1,544 against 2,048 (no values in layers 3-4,
 # one token id). The widened Transformer has the bank's parameters in its SwiGLU. With 3 seeds and the tables:
-#   python reproduce.py value_bank --scale=bpe   (this shape, and the same at 8 layers)
+#   python lab/reproduce.py value_bank --scale=bpe   (this shape, and the same at 8 layers)
 # One seed by hand (for 8 layers add --n_layer=8; the widened Transformer then takes --ffn_hidden=6720):
 #   python train.py config/small_value_bank.py --value_bank=False --out_dir=out/bpe_vanilla
 #   python train.py config/small_value_bank.py --value_bank=False --variant=resformer_identity --out_dir=out/bpe_resformer

@@ -22,12 +22,11 @@ import tiktoken.load
 from tiktoken_ext import openai_public
 
 import prepare
-import slimpajama
-import support
-from tokens import (GPT2_ENCODER_JSON_SHA256, GPT2_VOCAB_BPE_SHA256, gpt2_encoding, load_meta, load_tokenizer,
-                    local_gpt2_files, open_split, open_val_domains)
+from vrl import datafiles, slimpajama
+from vrl.data import load_meta, open_split, open_val_domains
+from vrl.tokenizer import GPT2_ENCODER_JSON_SHA256, GPT2_VOCAB_BPE_SHA256, gpt2_encoding, load_tokenizer, local_gpt2_files
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 EOT = 50256
 SLIMPAJAMA_GPT2 = ("--dataset=slimpajama", "--tokenizer=gpt2")  # for the tests that read GPT-2's ids
 
@@ -379,7 +378,7 @@ def test_slimpajama_validation_is_kept_domain_by_domain(tmp_path):
 def test_a_short_last_shard_joins_the_one_before(tmp_path):
     for total, sizes in [(7_100, [3000, 4100]), (7_600, [3000, 3000, 1600]), (1_000, [1000]),
                          (6_000, [3000, 3000])]:
-        writer = support.ShardWriter(str(tmp_path), f"split{total}", 3000)
+        writer = datafiles.ShardWriter(str(tmp_path), f"split{total}", 3000)
         ids = np.arange(total) % 50257
         for piece in np.array_split(ids, 7):
             writer.write(piece)
@@ -701,13 +700,14 @@ def test_a_rerun_keeps_other_files(prepared):
 # whatever the machine's load (polling for the lock file lost the race to a small input on a busy machine)
 STOPPED_HOLDING_THE_LOCK = """import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-import prepare, support
-take_lock = support.hold
+import prepare
+from vrl import locks
+take_lock = locks.hold
 def take_lock_and_stop(*args):
     held = take_lock(*args)
     os.kill(os.getpid(), signal.SIGSTOP)
     return held
-support.hold = take_lock_and_stop
+locks.hold = take_lock_and_stop
 prepare.main(sys.argv[2:])
 """
 
@@ -801,7 +801,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
     def full_disk(path, mode="r", **kwargs):  # .bin files go to /dev/full, which refuses every write: ENOSPC
         return open("/dev/full" if path.endswith(".bin") else path, mode, **kwargs)
 
-    monkeypatch.setattr(support, "open", full_disk, raising=False)  # support.py's open, not the builtin
+    monkeypatch.setattr(datafiles, "open", full_disk, raising=False)  # datafiles.py's open, not the builtin
     (tmp_path / "corpus.txt").write_text("other text\n" * 30)
     for out_dir in (out, tmp_path / "new" / "deeper" / "out"):
         with pytest.raises(SystemExit) as error:

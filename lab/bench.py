@@ -4,14 +4,14 @@ machine's own matmul peak (and against nanoGPT's and the official code's models 
 speed with the KV cache against full recompute, KV cache bytes, and peak memory. Every contender lives in this
 one process and they take turns, round by round, so noise from the machine hits them all alike.
 
-    python bench.py                              # train.py's default shape (the README's main job), CPU or CUDA
-    python bench.py --shape=82m                  # the paper's 82M model
-    python bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
-    python bench.py --compile=True --dtype=bfloat16
-    python bench.py --smoke                      # seconds: tiny counts that check every section runs
-    python bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
-    python bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
-    python bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
+    python lab/bench.py                              # train.py's default shape (the README's main job), CPU or CUDA
+    python lab/bench.py --shape=82m                  # the paper's 82M model
+    python lab/bench.py --nanogpt=../refs/nanoGPT/model.py --official=../refs/official   # add the reference rows
+    python lab/bench.py --compile=True --dtype=bfloat16
+    python lab/bench.py --smoke                      # seconds: tiny counts that check every section runs
+    python lab/bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
+    python lab/bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
+    python lab/bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
 per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
@@ -40,11 +40,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import optim
-import support
-import train_support
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
+from vrl import hardware, metrics, optim
+from vrl.settings import model_config
 
 # -----------------------------------------------------------------------------
 shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' or '468m': see SHAPES
@@ -100,7 +100,7 @@ if smoke:
 # tokens, under torchrun as the job runs (nccl on GPUs, compiled), node_iters steps straight; then in
 # train.py's deterministic mode straight again, and stopped halfway and resumed; then fit_config for FIT_STEPS
 # steps. Writes data/node_check and out/node_check in the current folder, as train.py.
-HERE = os.path.dirname(os.path.abspath(__file__))  # train.py and the memory probe run from here
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: train.py, the probe run here
 NODE_DATA = 'node_check'  # under data/
 GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
 TIMING_KEYS = ('tokens_per_sec', 'mfu', 'mfu_palm', 'peak_memory_gib')  # may differ in two runs of a step
@@ -143,7 +143,7 @@ def memory_estimate_gb(settings, compiled):
     GB: bf16 autocast, a micro-batch of micro_batch_size (or batch_size) sequences, eager or compiled. The
     method: docs/training.md, 'How the memory estimates are made'; each config header states the result."""
     with torch.device('meta'):  # padded as train.py pads it (GPT-NeoX's 50,277 tokens pad to the same 50,304)
-        model = GPT(train_support.model_config(settings, GPT2_VOCAB))
+        model = GPT(model_config(settings, GPT2_VOCAB))
     c = model.config
     d, f, kv = c.n_embd, c.ffn_hidden, c.n_kv_head * (c.n_embd // c.n_head)
     # Bytes a token keeps for the backward in one layer. Eager: the fp32 residual stream at both norms (8d),
@@ -279,11 +279,11 @@ def check_node():
         raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
                          "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
                          "with a tiny shape (docs/training.md, 'Checking a node')")
-    kind = support.pick_device(device).split(':')[0]  # each rank takes its own GPU
+    kind = hardware.pick_device(device).split(':')[0]  # each rank takes its own GPU
     if kind not in ('cuda', 'cpu'):
         raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try "
                          f"it, on the CPU (gloo)")
-    precision = support.pick_dtype(dtype, kind)
+    precision = hardware.pick_dtype(dtype, kind)
     gpus = torch.cuda.device_count() if kind == 'cuda' else 0
     ranks = nproc or gpus or 1
     if gpus and not torch.distributed.is_nccl_available():
@@ -333,7 +333,7 @@ def check_node():
         print(f"MFU per GPU: {100 * statistics.median(r['mfu'] for r in steps):.1f}% (ours), "
               f"{100 * statistics.median(r['mfu_palm'] for r in steps):.1f}% (PaLM's)")
     else:
-        print("MFU per GPU: none, train.py knows no peak FLOP/s for this device (support.PEAK_TFLOPS); give "
+        print("MFU per GPU: none, train.py knows no peak FLOP/s for this device (metrics.PEAK_TFLOPS); give "
               "one GPU's dense bf16 TFLOP/s with --train_args='--peak_tflops=...'")
     # train.py compiles on CUDA unless told otherwise
     compiled = next((arg == '--compile=True' for arg in reversed(shlex.split(train_args))
@@ -373,7 +373,7 @@ if node_check:
 
 # ------------------------------------------------------------------------- estimate check (--estimate_check)
 def seconds(number, unit):
-    """train_support.duration's text back in seconds: '0.25', 's' -> 0.25."""
+    """metrics.duration's text back in seconds: '0.25', 's' -> 0.25."""
     return float(number) * {'s': 1, 'min': 60, 'h': 3600}[unit]
 
 
@@ -431,9 +431,9 @@ if loop_rounds and len(set(loop_iters)) < 2:
     raise SystemExit(f"bench.py: loop_iters={loop_iters}; give two different lengths, e.g. (100, 200)")
 if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or '.'):  # now, not after the whole benchmark
     raise SystemExit(f"bench.py: out={out!r}; name a file in an existing folder")
-device = support.pick_device(device)
+device = hardware.pick_device(device)
 device_type = device.split(':')[0]
-dtype = support.pick_dtype(dtype, device_type)
+dtype = hardware.pick_dtype(dtype, device_type)
 ptdtype = getattr(torch, dtype)
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=ptdtype)
 if device_type == 'cuda':
@@ -622,8 +622,8 @@ def available_bytes():
 TRAIN_CHILD = """
 import json, statistics, sys, time, torch
 import torch.nn.functional as F
-import optim
 from model import GPT, GPTConfig
+from vrl import optim
 variant, dims, B, T, device, dtype, compiled, logits, steps = json.loads(sys.argv[1])
 def status(field):  # kB
     return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
@@ -737,8 +737,8 @@ for r in range(rounds):
 trainers.clear()
 
 peak = mm_flop / min(mm_times)  # a peak is what the device can do: the fastest round
-# the datasheet's dense bf16 peak (support.PEAK_TFLOPS, train.py's MFU peak), printed beside the measured one
-datasheet = support.PEAK_TFLOPS.get(results['device_name'], 0) if device_type == 'cuda' else 0
+# the datasheet's dense bf16 peak (metrics.PEAK_TFLOPS, train.py's MFU peak), printed beside the measured one
+datasheet = metrics.PEAK_TFLOPS.get(results['device_name'], 0) if device_type == 'cuda' else 0
 results['matmul'] = {'what': mm_name, 'flops_per_s': peak,
                      'median_flops_per_s': mm_flop / statistics.median(mm_times),
                      'datasheet_bf16_flops_per_s': datasheet * 1e12 or None}

@@ -1,5 +1,4 @@
 """train.py end to end on a tiny model and corpus: learning, exact resume, DDP, and its one-line errors."""
-import ast
 import builtins
 import contextlib
 import importlib.util
@@ -21,15 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-import support
-import train_support
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
-from optim import configure_optimizers
-from support import load_checkpoint
-from testing import run_script
+from testing import run_script, train_defaults
+from vrl import data, data_parallel, locks, metrics, run_folder
+from vrl.optim import configure_optimizers
+from vrl.run_folder import load_checkpoint
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]  # the repository root
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
         '--batch_size=8', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2', '--learning_rate=3e-3',
         '--min_lr=3e-4']
@@ -107,9 +105,9 @@ def test_the_cost_estimate_changes_nothing(workdir):
     micro-batch and an evaluation batch run first: the run's log and weights stay bit-identical to those of
     the same train.py without that probe (with dropout on, and 2 micro-batches a step)."""
     source = (REPO / 'train.py').read_text()
-    probe = '        estimate_time()  # before the step-0 evaluation'
+    probe = 'metrics.estimate_time('
     assert source.count(probe) == 1
-    (workdir / 'train_unprobed.py').write_text(source.replace(probe, '        pass  # '))
+    (workdir / 'train_unprobed.py').write_text(source.replace(probe, '(lambda *args: None)('))
     args = [*TINY, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6', '--dropout=0.1',
             '--variant=resformer_learnable', '--gradient_accumulation_steps=2', '--batch_size=4']
     result = train_here(workdir, [*args, '--out_dir=out_probed'])
@@ -126,7 +124,7 @@ def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypat
     system stalls every read): the log and weights are bit-identical to those of the same train.py reading
     each step's windows in the step (dropout on, 2 micro-batches a step)."""
     source = (REPO / 'train.py').read_text()
-    ahead = 'reader.submit(rank_rows, iter_num + 1) if iter_num + 1 < max_iters else None'
+    ahead = 'reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None'
     assert source.count(ahead) == 1
     (workdir / 'train_in_step.py').write_text(source.replace(ahead, 'None'))
     stack, in_main_thread = np.stack, []
@@ -162,9 +160,9 @@ def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
     monkeypatch.setattr(GPT, 'forward', watched_forward)
     train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
     monkeypatch.undo()
-    # the cost estimate's training passes (two untimed, then the timed ones) and its evaluation pass,
-    # 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
-    assert returned == [(None, ())] * (2 + train_support.TIMED_PASSES + 1 + 4 + 3 * 2 + 4)
+    # the cost estimate's training steps of 2 passes (two untimed, then the timed ones) and its evaluation
+    # pass, 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
+    assert returned == [(None, ())] * ((2 + metrics.TIMED_PASSES) * 2 + 1 + 4 + 3 * 2 + 4)
     assert all(one_block)
 
 
@@ -507,7 +505,7 @@ def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, s
         return wrapper
 
     if during == 'forward':  # training calls only, not evaluation's
-        fourth_step = 2 + train_support.TIMED_PASSES + 4
+        fourth_step = 2 + metrics.TIMED_PASSES + 4
         forward = signalling(GPT.forward, lambda model, *_: model.training and nth(fourth_step))
         monkeypatch.setattr(GPT, 'forward', forward)
     else:
@@ -583,7 +581,7 @@ def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
     common = ['--out_dir=out_locked', '--eval_interval=2']
     train(workdir, *common, '--max_iters=2')
     # as a run in another process holds it
-    held, _ = support.try_lock(str(workdir / 'out_locked' / '.lock'), 'test')
+    held, _ = locks.try_lock(str(workdir / 'out_locked' / '.lock'), 'test')
     assert held  # the last run let go
     before = snapshot(workdir / 'out_locked')
     for args in (['--init_from=resume', '--max_iters=4'], ['--overwrite=True', '--max_iters=2']):
@@ -975,7 +973,7 @@ def test_compiled_ddp_matches_one_compiled_process(workdir):
 def test_ddp_buckets_hold_about_one_block():
     """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few
     dozen pieces rather than hundreds, and gradients are views into them (no second copy)."""
-    gradient_buckets = train_support.gradient_buckets
+    gradient_buckets = data_parallel.gradient_buckets
     for name in ('resformer_82m.py', 'resformer_1b6.py'):
         settings = configure(train_defaults(), [str(REPO / 'config' / name)], verbose=False)
         with torch.device('meta'):
@@ -989,7 +987,7 @@ def test_ddp_buckets_hold_about_one_block():
 
 def test_ddp_gets_the_buffer_keyword_its_torch_has():
     """forward_sync_buffers where DDP has it (recent torch), else broadcast_buffers (older torch)."""
-    buffer_sync_off = train_support.buffer_sync_off
+    buffer_sync_off = data_parallel.buffer_sync_off
     assert buffer_sync_off(['module', 'device_ids', 'broadcast_buffers']) == {'broadcast_buffers': False}
     installed = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     assert buffer_sync_off(installed).keys() <= installed.keys()
@@ -998,7 +996,7 @@ def test_ddp_gets_the_buffer_keyword_its_torch_has():
 def test_every_config_splits_its_batch_over_2_4_8_ranks():
     """Each rank gets an equal, contiguous share of the global batch
     in micro-batches of at most batch_size."""
-    micro_batches = train_support.micro_batches
+    micro_batches = data.micro_batches
     for path in sorted((REPO / 'config').glob('*.py')):
         settings = configure(train_defaults(), [str(path)], verbose=False)
         batch_size, global_batch = (settings['batch_size'],
@@ -1013,14 +1011,6 @@ def test_every_config_splits_its_batch_over_2_4_8_ranks():
             assert len({len(rank) for rank in ranks}) == 1  # every rank runs the same number of micro-batches
     with pytest.raises(SystemExit, match=r'^train.py: the global batch.* 12 sequences.*multiple of 8$'):
         micro_batches(12, 8, 0, 4)
-
-
-def train_defaults():
-    """train.py's settings and their defaults, read from its source without running it."""
-    tree = ast.parse((REPO / 'train.py').read_text())
-    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
 
 
 def test_help_explains_every_model_flag(workdir):
@@ -1053,11 +1043,11 @@ def test_config_files_load_and_build_their_model(path):
         assert settings['batch_size'] * settings['gradient_accumulation_steps'] == 1024
 
 
-# the other process in the next test: holds a lock through support.py, says so, and waits for a line on stdin
+# the other process in the next test: holds a lock through vrl/locks.py, says so, and waits for a line on stdin
 HOLDER = """import sys
 sys.path.insert(0, sys.argv[2])
-import support
-held, _ = support.try_lock(sys.argv[1], "holder")
+from vrl import locks
+held, _ = locks.try_lock(sys.argv[1], "holder")
 print("held" if held else "refused", flush=True)
 sys.stdin.readline()
 held.release()
@@ -1161,8 +1151,8 @@ def test_the_compiled_training_step_makes_no_logits_gradient():
 def test_the_checkpoint_a_run_starts_from_is_not_written_again(workdir, monkeypatch):
     """The evaluation at a run's first step (step 0, or the step resumed from) writes no checkpoint: at 1.6B
     one is about 20 GB, of weights just initialized or just loaded."""
-    saved, save = [], train_support.RunFolder.save
-    monkeypatch.setattr(train_support.RunFolder, 'save', lambda run, checkpoint, best: (
+    saved, save = [], run_folder.RunFolder.save
+    monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best: (
         saved.append(checkpoint['iter_num']), save(run, checkpoint, best)))
     train(workdir, '--out_dir=out_no_step_0', '--max_iters=2', '--eval_interval=1')
     train(workdir, '--out_dir=out_no_step_0', '--max_iters=3', '--eval_interval=1', '--init_from=resume')

@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval import LOCAL_TASKS_DIR, ValueResidualLM, accuracy_means, evaluate
+from lab.eval import LOCAL_TASKS_DIR, ValueResidualLM, accuracy_means, evaluate
 from model import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EVAL_PY = os.path.join(HERE, 'eval.py')
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+EVAL_PY = os.path.join(HERE, 'lab', 'eval.py')
 ITEMS = [json.loads(line) for line in open(os.path.join(LOCAL_TASKS_DIR, 'tiny_choice.jsonl'))]
 # each item as the task writes it, answer included: what the "trained on its answers" model learns
 ANSWERED = [f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in ITEMS]
@@ -272,7 +272,7 @@ def test_without_lm_eval_eval_py_says_how_to_install_it():
             f"runpy.run_path({EVAL_PY!r}, run_name='__main__')")
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=HERE)
     assert result.returncode == 1
-    assert result.stderr == "eval.py: lm_eval is not installed; run `pip install -r requirements-eval.txt`\n"
+    assert result.stderr == "eval.py: lm_eval is not installed; run `pip install -r lab/requirements-eval.txt`\n"
 
 
 def test_help_works_without_lm_eval_and_comments_every_setting():

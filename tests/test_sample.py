@@ -13,7 +13,7 @@ import torch
 from model import GPT, GPTConfig
 from testing import run_script
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 CHARS = sorted(set(TEXT))

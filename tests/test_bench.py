@@ -16,15 +16,15 @@ import torch
 
 from configurator import _read_config_file
 from model import VARIANTS
-from tokens import load_meta, open_split
+from vrl.data import load_meta, open_split
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
 
 @pytest.fixture(scope='module')
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp('bench') / 'bench.json'
-    run = subprocess.run([sys.executable, 'bench.py', '--smoke', f'--out={out}', '--device=cpu'], cwd=HERE,
+    run = subprocess.run([sys.executable, 'lab/bench.py', '--smoke', f'--out={out}', '--device=cpu'], cwd=HERE,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, json.loads(out.read_text())
@@ -41,7 +41,7 @@ def test_smoke_says_at_the_top_and_beside_every_table_that_its_numbers_mean_noth
 
 
 def test_help_lists_every_setting_with_its_default_and_a_comment():
-    run = subprocess.run([sys.executable, 'bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, 'lab/bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
     assert (run.returncode, run.stderr) == (0, '')
     settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
     assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
@@ -58,7 +58,7 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
 ])
 def test_bad_settings_exit_with_one_line_before_any_measuring(tmp_path, args, message):
     (tmp_path / 'taken').write_text('keep me')
-    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--device=cpu', *args],
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), '--device=cpu', *args],
                          cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr
     assert run.stderr.splitlines()[-1] == message and run.stdout == ''  # stdout: no table, nothing measured
@@ -118,7 +118,7 @@ from torch._dynamo.utils import counters
 compile = torch.compile
 torch.compile = lambda model, **options: compile(model, backend='eager')
 sys.argv = ['bench.py'] + sys.argv[1:]
-runpy.run_path('bench.py', run_name='__main__')
+runpy.run_path('lab/bench.py', run_name='__main__')
 print('frames', counters['frames']['total'], counters['frames']['ok'])
 """
 
@@ -147,7 +147,7 @@ TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8
 
 
 def node_check(cwd, train_args):
-    return subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), *NODE_CHECK,
+    return subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), *NODE_CHECK,
                            f'--train_args={train_args}'], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
@@ -164,7 +164,7 @@ def bench_globals():
     """bench.py's functions and constants, without running it: a node check that stops at its settings
     checks, which come after them all."""
     argv, sys.argv = sys.argv, ['bench.py', '--node_check', '--node_iters=1']
-    namespace = {'__name__': 'bench', '__file__': os.path.join(HERE, 'bench.py')}
+    namespace = {'__name__': 'bench', '__file__': os.path.join(HERE, 'lab', 'bench.py')}
     try:
         with pytest.raises(SystemExit):
             exec(compile(Path(namespace['__file__']).read_text(), namespace['__file__'], 'exec'), namespace)
@@ -297,7 +297,7 @@ def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
 def test_node_check_settings_it_cannot_run_exit_with_one_line_before_any_run(tmp_path, args, message):
     if args == ['--device=cuda'] and torch.cuda.is_available():
         pytest.skip('a GPU is here')
-    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--node_check', NODE_CHECK[-1],
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), '--node_check', NODE_CHECK[-1],
                           '--fit_config=', *args], cwd=tmp_path, capture_output=True, text=True)
     assert (run.returncode, run.stdout, run.stderr.splitlines()[-1]) == (1, '', message)
     assert os.listdir(tmp_path) == []  # no data written, no run started
@@ -312,7 +312,7 @@ def test_estimate_check_tables_train_pys_estimate_against_its_measured_steps(tmp
                     '--out_dir=data/tiny_char'], cwd=tmp_path, check=True, capture_output=True)
     tiny = ('--dataset=tiny_char --n_layer=2 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 '
             '--eval_iters=1 --warmup_iters=2')
-    run = subprocess.run([sys.executable, os.path.join(HERE, 'bench.py'), '--estimate_check', '--device=cpu',
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), '--estimate_check', '--device=cpu',
                           "--estimate_configs=('',)", '--estimate_iters=20', f'--train_args={tiny}'],
                          cwd=tmp_path, capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS='1'))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import reproduce
+from lab import reproduce
 from configurator import configure
 from model import GPT, GPTConfig
-from reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
+from lab.reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 
 
 REAL_PROBE = reproduce.probe  # before the fixture below replaces it in every test
@@ -182,10 +182,13 @@ def test_run_names_identify_settings():
                 for _, _, s in reproduce.suite_runs(suite, 'cpu', [1337, 1338, 1339])}
     # depth: 7 new groups; value_embed: 2 x 3 new; value_bank: 2 x 2 new (its Transformer, Identity, SVFormer
     # and value embeddings are other suites'); controls: 4 new (its Transformer and Identity are depth's);
-    # muon_lr: 5 rates at 2 depths; optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each depth's
-    # Transformer is muon_lr's), at the depths swept so far
-    muon = sum({4: 3, 8: 1}[depth] for _, depth in reproduce.MUON_LR)
-    assert len(names) == len(settings) == 87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3 + muon * 3
+    # muon_lr: 5 rates at 2 depths for the Transformer, and for Identity ResFormer but at the rate its
+    # optimizer group trains (one a depth); optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each
+    # depth's Transformer is muon_lr's), at the depths swept so far, and 3 more seeds of its 4 groups at 8
+    # layers (EXTRA_SEEDS)
+    muon = sum({4: 3, 8: 1}[depth] for scale, depth in reproduce.MUON_LR if scale == 'cpu')
+    assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
+                                           + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3)
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
@@ -295,8 +298,8 @@ def test_a_run_another_process_trains_is_skipped(tmp_path, monkeypatch, capsys):
     runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
     (tmp_path / 'runs').mkdir()
     holder = subprocess.Popen([sys.executable, '-c',
-                               'import sys, time; sys.path.insert(0, sys.argv[2]); import support; '
-                               'held, _ = support.try_lock(sys.argv[1], "x"); print(bool(held), flush=True); '
+                               'import sys, time; sys.path.insert(0, sys.argv[2]); from vrl import locks; '
+                               'held, _ = locks.try_lock(sys.argv[1], "x"); print(bool(held), flush=True); '
                                'time.sleep(60)',
                                str(tmp_path / 'runs' / f'{runs[0][1]}.lock'), str(REPO)],
                               stdout=subprocess.PIPE, text=True)
@@ -324,7 +327,7 @@ def test_children_end_with_reproduce(tmp_path, signum):
     script = tmp_path / 'driver.py'
     script.write_text(f"""import signal, sys
 sys.path.insert(0, {str(REPO)!r})
-import reproduce
+from lab import reproduce
 reproduce.probe = lambda settings: [1.0]
 reproduce.train_command = lambda settings, out_dir, resume: [sys.executable, {str(tmp_path / 'child.py')!r}]
 signal.signal(signal.SIGTERM, reproduce.stop)  # as main() does
@@ -373,7 +376,7 @@ def test_a_bad_argument_is_one_line(capsys):
     with pytest.raises(SystemExit) as stop:
         reproduce.main(['variants', '--seeds=abc'])
     assert stop.value.code == ("reproduce.py: argument --seeds: invalid int value: 'abc'; "
-                               "see `python reproduce.py --help`")
+                               "see `python lab/reproduce.py --help`")
     assert capsys.readouterr() == ('', '')  # no usage dump
 
 
@@ -382,7 +385,7 @@ def test_it_imports_without_fcntl_as_on_windows(tmp_path):
     result = subprocess.run([sys.executable, '-c', 'import fcntl'],
                             env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True)
     assert result.returncode == 1  # the simulation holds
-    result = subprocess.run([sys.executable, '-c', 'import reproduce'], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, '-c', 'from lab import reproduce'], cwd=REPO, capture_output=True,
                             text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode == 0, result.stderr
 

@@ -1,11 +1,11 @@
 """
 Zero-shot downstream evaluation of a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval 0.4.x).
 
-    pip install -r requirements-eval.txt
-    python eval.py --out_dir=out                        # the paper's tasks (data from the Hugging Face hub)
-    python eval.py --out_dir=out --tasks=wikitext       # WikiText word perplexity alone
-    python eval.py --out_dir=out --tasks=tiny_choice    # a local task shipped in eval_tasks/ (offline)
-    python eval.py --out_dir=out --limit=100            # quick check: the first 100 items of each task
+    pip install -r lab/requirements-eval.txt
+    python lab/eval.py --out_dir=out                        # the paper's tasks (data from the Hugging Face hub)
+    python lab/eval.py --out_dir=out --tasks=wikitext       # WikiText word perplexity alone
+    python lab/eval.py --out_dir=out --tasks=tiny_choice    # a local task shipped in lab/eval_tasks/ (offline)
+    python lab/eval.py --out_dir=out --limit=100            # quick check: the first 100 items of each task
 
 The default tasks are the paper's: the six zero-shot accuracy tasks of its Table 1 (ICLR 2025 text, Sec. 4.4;
 arXiv v1 Table 1), whose "Avg" is their unweighted mean, and WikiText, whose word perplexity only the latest
@@ -29,6 +29,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import asdict
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import configure
 
 # the paper's zero-shot accuracy tasks, as lm_eval names them, in its Table 1's order
@@ -40,7 +41,7 @@ LOCAL_TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'eval
 out_dir = 'out'  # the training run's folder
 ckpt = 'ckpt.pt'  # file in out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
 tasks = f'{PAPER_TASKS},{PERPLEXITY_TASKS}'  # comma-separated lm_eval task names; tiny_choice runs offline
-include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files (eval_tasks/ holds tiny_choice)
+include_path = LOCAL_TASKS_DIR  # a folder of extra lm_eval task YAML files (lab/eval_tasks/ holds tiny_choice)
 limit = None  # lm_eval's --limit: at most this many items per task (a float < 1 is a fraction); None = all
 num_fewshot = 0  # the paper reports zero-shot accuracy
 batch_size = 32  # token windows per forward pass
@@ -79,14 +80,14 @@ try:  # after the settings, so --help works without lm_eval; before torch, so it
                                make_table)
 except ImportError:
     raise SystemExit("eval.py: lm_eval is not installed; "
-                     "run `pip install -r requirements-eval.txt`") from None
+                     "run `pip install -r lab/requirements-eval.txt`") from None
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import support
-from tokens import CHAR_SEPARATOR, load_tokenizer
+from vrl import hardware, run_folder
+from vrl.tokenizer import CHAR_SEPARATOR, load_tokenizer
 
 
 @register_model('value_residual')
@@ -100,10 +101,10 @@ class ValueResidualLM(TemplateLM):
                  max_gen_toks=256):
         # max_batch_size: simple_evaluate hands it to every model; batches here are always batch_size
         super().__init__()
-        device = support.pick_device(device)
+        device = hardware.pick_device(device)
         device_type = device.split(':')[0]
-        dtype = support.pick_dtype(dtype, device_type)
-        self.model, ckpt = support.load_checkpoint(checkpoint, device)
+        dtype = hardware.pick_dtype(dtype, device_type)
+        self.model, ckpt = run_folder.load_checkpoint(checkpoint, device)
         self.model.eval()
         self.tokenizer = load_tokenizer(ckpt['data_meta'])
         self.vocab_size = self.tokenizer.vocab_size

@@ -3,9 +3,9 @@ Where does attention go, and what does each layer add? The paper's attention-con
 Sec. 4.5 post-analyses, per layer, for training runs side by side on the same validation windows, with runs
 of the same variant (seeds) averaged.
 
-    python analyze.py out/ablation_vanilla out/ablation_resformer_identity out/ablation_svformer
-    python analyze.py results/runs/*/ --num_seqs=16 --seq_len=512 --out=analysis
-    python analyze.py out/ablation_vanilla out/ablation_svformer --windows=mid_text --ckpt=best.pt
+    python lab/analyze.py out/ablation_vanilla out/ablation_resformer_identity out/ablation_svformer
+    python lab/analyze.py results/runs/*/ --num_seqs=16 --seq_len=512 --out=analysis
+    python lab/analyze.py out/ablation_vanilla out/ablation_svformer --windows=mid_text --ckpt=best.pt
 
 Arguments that are not --key=value settings or config files (*.py) name the runs: out_dirs (their ckpt.pt)
 or .pt files. Runs are grouped: those whose model and settings agree apart from seed, out_dir,
@@ -60,10 +60,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import support
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import configure
 from model import AblationGPT
-from tokens import load_meta, load_tokenizer, open_split, prepare_command
+from vrl import hardware, run_folder
+from vrl.metrics import mean_domain_losses as mean_of_domains
+from vrl.data import load_meta, open_split, prepare_command
+from vrl.tokenizer import load_tokenizer
 
 # -----------------------------------------------------------------------------
 ckpt = 'ckpt.pt'  # the file read from each out_dir: 'ckpt.pt' (latest) or 'best.pt' (best validation loss)
@@ -90,7 +93,7 @@ POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'sk
 METRICS = {**CONCENTRATION, **POST_ANALYSES}
 # settings in which runs of one group may differ
 RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
 
 def importance_entropy(attn):
@@ -179,7 +182,7 @@ def load_models(run_args):
     models = {}
     for arg in run_args:
         path = checkpoint_path(arg)
-        model, checkpoint = support.load_checkpoint(path, device, model_type=AblationGPT)  # its stats
+        model, checkpoint = run_folder.load_checkpoint(path, device, model_type=AblationGPT)  # its stats
         models[path] = model.eval(), checkpoint
     (first_path, (_, first)), *others = models.items()
     for path, (_, checkpoint) in others:
@@ -190,8 +193,8 @@ def load_models(run_args):
 
 
 def mean_domain_losses(checkpoints):
-    """support.mean_domain_losses of the checkpoints' last per-domain validation (train.py's)."""
-    return support.mean_domain_losses([c.get('last_eval', {}).get('val_loss_domains') for c in checkpoints])
+    """vrl.metrics.mean_domain_losses of the checkpoints' last per-domain validation (train.py's)."""
+    return mean_of_domains([c.get('last_eval', {}).get('val_loss_domains') for c in checkpoints])
 
 
 def vocabulary(meta):
@@ -357,7 +360,7 @@ def plot(groups, subtitle):
 def main(run_args):
     if not run_args:
         raise SystemExit("analyze.py: no runs given; name training runs' folders or .pt files, e.g. "
-                         "`python analyze.py out/ablation_vanilla out/ablation_resformer_identity`")
+                         "`python lab/analyze.py out/ablation_vanilla out/ablation_resformer_identity`")
     if windows not in ('doc_start', 'mid_text'):
         raise SystemExit(f"analyze.py: windows={windows!r}; use 'doc_start' or 'mid_text'")
     if num_seqs < 1 or seq_len < 2:
@@ -407,5 +410,5 @@ if __name__ == '__main__':
     run_args = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
     globals().update(configure({k: globals()[k] for k in config_keys},
                                [a for a in sys.argv[1:] if a not in run_args], script=__file__))
-    device = support.pick_device(device)
+    device = hardware.pick_device(device)
     main(run_args)

@@ -15,16 +15,16 @@ import torch
 import torch.nn.functional as F
 
 import prepare
-import tokens
-
-from analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
+from vrl import data
+from vrl.tokenizer import load_tokenizer
+from lab.analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
                      sublayer_losses, token_norms)
 from model import GPT, AblationGPT, GPTConfig
-from support import load_checkpoint
+from vrl.run_folder import load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 from testing import run_script
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 T = 6
 
 
@@ -179,9 +179,9 @@ def runs(tmp_path_factory):
     for i, document in enumerate(DOCUMENTS):
         (root / 'corpus' / f'{i:02d}.txt').write_text(document)
     prepare.main([f"--input={root / 'corpus'}", f"--out_dir={root / 'data'}", '--num_proc=1'])
-    meta = tokens.load_meta(str(root / 'data'))
-    text = tokens.load_tokenizer(meta).decode(
-        np.concatenate(tokens.open_split(str(root / 'data'), 'train')).tolist())
+    meta = data.load_meta(str(root / 'data'))
+    text = load_tokenizer(meta).decode(
+        np.concatenate(data.open_split(str(root / 'data'), 'train')).tolist())
     for name, variant, seed, learning_rate in [('vanilla_1', 'vanilla', 1, 0.001),
                                                ('vanilla_2', 'vanilla', 2, 0.001),
                                                ('resformer', 'resformer_identity', 1, 0.001),
@@ -191,7 +191,7 @@ def runs(tmp_path_factory):
     return root
 
 
-ANALYZE_PY = os.path.join(HERE, 'analyze.py')
+ANALYZE_PY = os.path.join(HERE, 'lab', 'analyze.py')
 
 
 def analyze_cli(runs, *args):
@@ -235,9 +235,9 @@ def test_document_start_windows_and_seeds_averaged(runs):
     assert report['groups']['vanilla']['runs'] == ['vanilla_1/ckpt.pt', 'vanilla_2/ckpt.pt']
 
     # the windows: the validation documents' starts (documents 9, 19 and 29), each led by the separator "\n\n"
-    meta = tokens.load_meta(str(runs / 'data'))
-    tokenizer = tokens.load_tokenizer(meta)
-    val = tokens.open_split(str(runs / 'data'), 'val')[0]
+    meta = data.load_meta(str(runs / 'data'))
+    tokenizer = load_tokenizer(meta)
+    val = data.open_split(str(runs / 'data'), 'val')[0]
     assert report['offsets'] == meta['val_doc_starts'] and len(report['offsets']) == 3
     windows = np.stack([np.concatenate([tokenizer.encode('\n\n'), val[s:s + 30]]) for s in report['offsets']])
     assert [tokenizer.decode(w.tolist())[:8] for w in windows] == ['\n\ndoc 9:', '\n\ndoc 19', '\n\ndoc 29']
@@ -275,7 +275,7 @@ def test_mid_text_windows(runs):
     assert result.returncode == 0, result.stderr
     with open(runs / 'mid' / 'metrics.json') as f:
         report = json.load(f)
-    val = tokens.open_split(str(runs / 'data'), 'val')[0]
+    val = data.open_split(str(runs / 'data'), 'val')[0]
     assert report['offsets'] == [0, (len(val) - 32) // 2, len(val) - 32]
     windows = np.stack([val[o:o + 32] for o in report['offsets']])
     assert report['groups']['vanilla']['mean']['entropy'] == \
@@ -322,7 +322,7 @@ def test_checkpoints_with_different_vocabularies_are_refused(runs):
 
 
 @pytest.mark.parametrize('args, words', [
-    ([], ['no runs given', 'python analyze.py out/ablation_vanilla']),
+    ([], ['no runs given', 'python lab/analyze.py out/ablation_vanilla']),
     (['out/nowhere'], ['out/nowhere not found', "training runs' folders"]),
     (['data'], ['data has no ckpt.pt']),
     (['vanilla_1', '--ckpt=best.pt'], ['vanilla_1 has no best.pt']),

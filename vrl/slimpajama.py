@@ -7,7 +7,7 @@ then): domain-weighted, sharded, the paper's tokenizer (or GPT-2's); from local 
   tokens. It is kept domain by domain, in files of its own (val_RedPajamaC4_00000.bin, ...; meta.json's
   val_domains), as the paper scores each domain on its own validation data and reports the unweighted mean
   over the 7; a smaller --val_tokens gives each domain an equal share of it. Training keeps the paper's mix
-  (CommonCrawl 0.5, C4 0.2, ...). tokens.open_val_domains reads them.
+  (CommonCrawl 0.5, C4 0.2, ...). data.open_val_domains reads them.
 - Local SlimPajama: --input is the folder it downloaded to (train/chunk1 ... chunk10/, validation/,
   test/; test/ is not read), or any .jsonl / .jsonl.zst files. The .zst files are read with
   `zstandard` (requirements-data.txt), and in natural order: chunk2 before chunk10. Wherever the
@@ -32,11 +32,8 @@ import re
 import numpy as np
 from tqdm import tqdm
 
-# prepare.py's jsonl reader: when prepare.py runs as a script this imports it a second time, which only
-# defines its functions again
-import prepare
-import support
-from tokens import bpe_tokenizer
+from vrl import datafiles
+from vrl.tokenizer import bpe_tokenizer
 
 SLIMPAJAMA_HUB = "cerebras/SlimPajama-627B"
 SLIMPAJAMA_LICENSE = ("Apache 2.0 (SlimPajama-627B dataset card); its RedPajama sources keep their own terms "
@@ -100,8 +97,8 @@ def prepare_slimpajama(args, out_dir):
     domains = list(SLIMPAJAMA_WEIGHTS)
     train_quotas = {domain: round(weight * args.max_tokens) for domain, weight in SLIMPAJAMA_WEIGHTS.items()}
     val_quotas = dict.fromkeys(domains, math.ceil(val_tokens / len(domains)) if val_tokens else math.inf)
-    train_writer = support.ShardWriter(out_dir, "train", args.shard_tokens)
-    val_writers = {domain: support.ShardWriter(out_dir, f"val_{domain}", args.shard_tokens)
+    train_writer = datafiles.ShardWriter(out_dir, "train", args.shard_tokens)
+    val_writers = {domain: datafiles.ShardWriter(out_dir, f"val_{domain}", args.shard_tokens)
                    for domain in domains}
     splits = [("train", train, train_quotas, dict.fromkeys(domains, train_writer)),
               ("val", val, val_quotas, val_writers)]
@@ -137,7 +134,7 @@ def prepare_slimpajama(args, out_dir):
 
 
 def fill_domain_quotas(work, items, quotas, writers, num_proc, desc):
-    """Write whole documents, each to its domain's writer (writers: {domain: support.ShardWriter}), while
+    """Write whole documents, each to its domain's writer (writers: {domain: datafiles.ShardWriter}), while
     their domain is under its token quota; stop when all are full.
 
     work(item, skip) tokenizes the documents of one item (a file, or a batch of hub records); the items are
@@ -246,11 +243,11 @@ def slimpajama_jsonl(path):
     """SlimPajama records ({"text": ..., "meta": {"redpajama_set_name": ...}}) of a local
     .jsonl(.zst) file."""
     if not path.endswith(".zst"):
-        yield from prepare.jsonl_records(path, "text")
+        yield from datafiles.jsonl_records(path, "text")
         return
     import zstandard  # slimpajama_paths checked that it is installed
     try:
-        yield from prepare.jsonl_records(path, "text")
+        yield from datafiles.jsonl_records(path, "text")
     except zstandard.ZstdError as e:  # a damaged download
         raise SystemExit(f"prepare.py: {path} is not readable zstd data ({e}); download it again") from None
 

@@ -1,13 +1,18 @@
 """What the tests share: a script of this folder run in the test's own process.
 
 A plain module rather than conftest.py, which pytest loads itself and does not mean to be imported."""
+import ast
 import contextlib
+import dataclasses
 import gc
 import io
 import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]  # the repository root
 
 
 def run_script(script, args, cwd, check=True):
@@ -36,3 +41,14 @@ def run_script(script, args, cwd, check=True):
     if check and code != 0:
         raise AssertionError(f"{script} {args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+def train_defaults():
+    """train.py's settings and their defaults, read from its source without running it: its literal
+    globals, and GPTConfig's fields but vocab_size (which the data sets), as train.py's configure has them."""
+    from model import GPTConfig
+    tree = ast.parse((REPO / 'train.py').read_text())
+    script = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+              if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+              and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
+    return {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name != 'vocab_size'} | script

@@ -4,14 +4,14 @@ seeds), run one after another (or one per GPU when several are visible), skipped
 when interrupted, then summarised into results/<suite>/README.md (tables) and PNG plots (when matplotlib is
 installed).
 
-    python reproduce.py variants                  # run what is missing, then write results/variants/
-    python reproduce.py all                       # every suite, in the order of SUITES below
-    python reproduce.py scaling --report_only     # tables from the runs finished so far
-    python reproduce.py lr --dry_run              # list the runs and whether each is done
-    python reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
-    python reproduce.py value_bank --scale=bpe    # GPT-2 BPE at a CPU shape: token tables cost parameters
-    python reproduce.py all --retrain             # also retrain runs made by code that trains differently
-    python reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
+    python lab/reproduce.py variants                  # run what is missing, then write results/variants/
+    python lab/reproduce.py all                       # every suite, in the order of SUITES below
+    python lab/reproduce.py scaling --report_only     # tables from the runs finished so far
+    python lab/reproduce.py lr --dry_run              # list the runs and whether each is done
+    python lab/reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
+    python lab/reproduce.py value_bank --scale=bpe    # GPT-2 BPE at a CPU shape: token tables cost parameters
+    python lab/reproduce.py all --retrain             # also retrain runs made by code that trains differently
+    python lab/reproduce.py variants --check=cpu_variant=vanilla_seed=1337   # retrain one run, compare its loss
 
 Each run trains into <runs_dir>/<name>/ (checkpoints; not committed). When it finishes, its log.jsonl is
 condensed into results/runs/<name>.json, which marks the run as done and is all the tables need. Runs are
@@ -38,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-import support
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from model import GPT, GPTConfig
+from vrl import cli, locks, metrics
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
           'optimizer')
 
@@ -94,7 +95,7 @@ DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resforme
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
 CONTROL_LR_SCALES = ((2.0, 2.0), (4.0, 4.0), (2.0, 1.5))  # (W_V's multiplier, W_O's)
 # Beyond the paper: does the value residual survive Muon? Muon's peak rate is tuned on the Transformer first,
-# at each depth (suite muon_lr, one seed: `python reproduce.py muon_lr --seeds=1`), around Keller Jordan's
+# at each depth (suite muon_lr, one seed: `python lab/reproduce.py muon_lr --seeds=1`), around Keller Jordan's
 # default of 0.02; suite optimizer then trains every context-free value with AdamW (the paper's settings,
 # runs shared with the value_bank suite) and with Muon at the sweep's best rate, each paired with the
 # Transformer of its optimizer.
@@ -462,7 +463,7 @@ def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
         if stopping.is_set():
             return name, 'not started: reproduce.py was stopped'
         # one trainer per run, across reproduce.py processes
-        held, holder = support.try_lock(str(runs_dir / f'{name}.lock'), 'reproduce.py')
+        held, holder = locks.try_lock(str(runs_dir / f'{name}.lock'), 'reproduce.py')
         if held is None:
             return name, f'{SKIPPED} another reproduce.py ({holder}) is training it'
         env = free_envs.get()
@@ -510,7 +511,7 @@ def check(name, runs, runs_dir, results_dir, env):
 
 
 # -----------------------------------------------------------------------------
-# statistics (tested on synthetic logs in test_reproduce.py)
+# statistics (tested on synthetic logs in tests/test_reproduce.py)
 
 def mean_std(xs):
     """Mean and sample standard deviation (0 for a single value)."""
@@ -665,7 +666,7 @@ def domain_rows(groups):
     val_loss), mean over seeds; no row for a group unless each of its runs has them (one-corpus runs do not)."""
     rows, domains = [], None
     for label, group in groups.items():
-        means = support.mean_domain_losses([r.get('final_val_loss_domains') for r in group['runs']])
+        means = metrics.mean_domain_losses([r.get('final_val_loss_domains') for r in group['runs']])
         if means:
             domains = domains or list(means)
             rows.append(f"| {label} | " + ' | '.join(f"{means[d]:.4f}" for d in domains) + ' |')
@@ -849,7 +850,7 @@ def provenance(suite, scale, seeds, results_dir):
     if stale:
         line += (f" **{stale} more were made by code that trains differently from this commit's** "
                  f"(their probe losses differ) and are left out: "
-                 f"`python reproduce.py {suite} --retrain` retrains them.")
+                 f"`python lab/reproduce.py {suite} --retrain` retrains them.")
     return line
 
 
@@ -889,7 +890,7 @@ def analyse(suite, scale, seeds, runs_dir, out_dir):
     dirs = [runs_dir / name for _, name, _ in suite_runs(suite, scale, seeds)]
     if (out_dir / 'analysis' / 'metrics.json').exists() or not all((d / 'ckpt.pt').exists() for d in dirs):
         return
-    command = [sys.executable, str(REPO / 'analyze.py'), *map(str, dict.fromkeys(dirs)),
+    command = [sys.executable, str(REPO / 'lab' / 'analyze.py'), *map(str, dict.fromkeys(dirs)),
                f"--seq_len={SCALES[scale]['block_size']}", '--num_seqs=4', f"--out={out_dir / 'analysis'}"]
     print(f"attention analysis of {len(dirs)} checkpoints into {out_dir / 'analysis'}", flush=True)
     if subprocess.run(command, cwd=REPO).returncode != 0:
@@ -903,7 +904,7 @@ def write_report(suite, scale, seeds, results_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SCALES[scale]
     lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
-             f"Written by `python reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
+             f"Written by `python lab/reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
              f"from the run summaries in `results/runs/`. Shared settings: "
              + ', '.join(f'{k}={v}' for k, v in base.items())
              + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
@@ -924,7 +925,7 @@ def write_report(suite, scale, seeds, results_dir):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = support.ArgumentParser(prog='reproduce.py', description=__doc__,
+    parser = cli.ArgumentParser(prog='lab/reproduce.py', description=__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),

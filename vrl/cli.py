@@ -1,0 +1,30 @@
+"""
+The command line's rules, for every script: argparse that reports a bad argument in one line, and no
+file read whole from a pipe (it may wait forever for a writer).
+"""
+import argparse
+import os
+import stat
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad argument ends the script with one line ("prepare.py: problem; see `python
+    prepare.py --help`") instead of the usage dump. Give prog, the script's path from the repository root
+    (lab/reproduce.py): under a test, sys.argv[0] is pytest's."""
+
+    def error(self, message):
+        raise SystemExit(f"{os.path.basename(self.prog)}: {message}; see `python {self.prog} --help`")
+
+
+def refuse_pipe(path, what, fix):
+    """End the script with one line "{what} {path} is not a regular file ...; {fix}" if path is a pipe,
+    socket or device: opening one to read waits for a writer, perhaps forever. The one rule for every file a
+    script reads whole (config files, checkpoints, meta.json, a prompt), called before opening it; a path
+    that is missing, a folder or unreadable is left to the open() that follows, which says which."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise SystemExit(f"{what} {path} is not a regular file (a pipe or device may wait forever for a "
+                         f"writer); {fix}")
