@@ -105,11 +105,11 @@ def variant_lambdas(variant, n_layer, source=0):
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]                 # the paper: λ = 2
     elif variant == 'resformer_sparse':
-        # V1 in the top 3/8 of the layers only (at 8 layers 6-8, λ1 = 5: the paper's best setting)
+        # V1 in the top 3/8 of the layers only (of 8: 6-8, 1-based, λ1 = 5: the paper's best)
         first = n_layer - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n, λ from n_layer. Of λ' the paper says only "stronger for
+        # λ_{n,1} = λ · softmax(λ')_n, λ starts at n_layer. Of λ' the paper says only "stronger for
         # higher layers": we choose linspace(0, 1), so the top layer starts at e x the bottom's
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
@@ -132,7 +132,8 @@ class CausalSelfAttention(nn.Module):
         self.k_slot = self.v_slot = None  # KV cache slots, assigned by GPT
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.takes_v1 = config.value_residual and layer > 0  # ResFormer: mixes V1 into its values
-        # SVFormer: with a fixed weight 0 on its own V_n the layer attends over V1 alone: no W_V
+        # SVFormer: a fixed weight 0 on its own V_n (lambdas is a full table after __post_init__):
+        # the layer attends over V1 alone, and has no W_V
         self.svformer = (self.takes_v1 and config.lambda_mode == 'fixed'
                          and config.lambdas[layer][1] == 0)
         self.c_q = nn.Linear(d, d, bias=False)                                     # W_Q
@@ -178,7 +179,7 @@ class CausalSelfAttention(nn.Module):
 
 def newest(t, T):
     """The last T positions of t (B, heads, T_k, D): a layer's new rows when t holds cached ones.
-    In training T_k = T, and a slice would still cost a zero-filled copy in the backward: none."""
+    t itself when it has no others (training): a slice would cost a zero-filled copy in backward."""
     return t if t.size(2) == T else t[:, :, -T:]
 
 
@@ -190,7 +191,7 @@ def attention(q, k, v, dropout_p):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                               enable_gqa=gqa)
     # a chunk after a cache: SDPA's is_causal aligns the mask top-left, wrong here: build the mask
-    # (one new token sees every cached position and needs none)
+    # (a single new token sees every cached position: it needs no mask)
     mask = None if T == 1 else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           enable_gqa=gqa)
@@ -241,6 +242,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """The paper's model. GPT(config) for a config that sets one of part two's flags returns part
+    two's AblationGPT, a subclass (__new__ below), so every variant is built the same way."""
     block_type = Block  # part two's AblationGPT builds AblationBlocks
 
     def __new__(cls, config=None):
@@ -263,7 +266,7 @@ class GPT(nn.Module):
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
         # KV cache slots: one per K and V a layer computes itself; SVFormer's layers have no W_V, so
-        # they store no values and read layer 1's
+        # they store no values and read layer 1's (part two's share_kv also drops c_k)
         attns = [block.attn for block in self.blocks]
         for slot, attn in enumerate(a for a in attns if a.c_k is not None):
             attn.k_slot = slot
@@ -488,14 +491,15 @@ def mixes(cfg, layer):
     return cfg.residual_type if cfg.value_residual and layer > cfg.residual_source else None
 
 
-def takes_v1(cfg, layer):
-    """ResFormer's rule, wherever the source: this layer attends over λ1 V_s + λ2 V_n."""
+def mixes_source_values(cfg, layer):
+    """ResFormer's rule for any source s and mapping: this layer attends over λ1 V_s + λ2 V_n."""
     return mixes(cfg, layer) == 'value' and cfg.value_mapping == 'current'
 
 
 def is_svformer_layer(cfg, layer):
     """SVFormer's rule: a ResFormer layer with a fixed weight 0 on its own V_n has no W_V."""
-    return takes_v1(cfg, layer) and cfg.lambda_mode == 'fixed' and cfg.lambdas[layer][1] == 0.0
+    return (mixes_source_values(cfg, layer) and cfg.lambda_mode == 'fixed'
+            and cfg.lambdas[layer][1] == 0.0)
 
 
 def shares_prev(cfg, layer, what):
@@ -536,7 +540,8 @@ class AblationAttention(nn.Module):
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.mixes = mixes(config, layer)  # 'query', 'key', 'attention' or 'value' (self.mapping)
         self.mapping = config.value_mapping if self.mixes == 'value' else None
-        self.takes_v1, self.svformer = takes_v1(config, layer), is_svformer_layer(config, layer)
+        self.takes_v1 = mixes_source_values(config, layer)
+        self.svformer = is_svformer_layer(config, layer)
         self.shares_v = shares_prev(config, layer, 'v')
         self.explicit_softmax = explicit_softmax(config, layer)
         self.neutreno_lambda = config.neutreno_lambda if layer > config.residual_source else 0.0

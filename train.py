@@ -5,9 +5,9 @@ Train a ResFormer / SVFormer / baseline on one CPU or GPU, or on N GPUs with the
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
 Settings: the globals below and every field of GPTConfig (model.py), overridden by config files and
---key=value arguments (configurator.py). The vrl.* calls never change the model, the batches or the
-update: they check, report, and keep a run safe (one writer per out_dir, atomic checkpoints, Ctrl-C
-and SIGTERM saved at a step boundary, a NaN stops the run).
+--key=value arguments, left to right, as nanoGPT's configurator. Three vrl calls define what trains:
+settings.model_config (the GPTConfig), data (which windows a step reads) and optim (nanoGPT's AdamW
+groups, or Muon). The other vrl.* calls only check, report and keep a run safe: skip them.
 """
 import math
 import os
@@ -119,16 +119,16 @@ def get_batch(step):
 
 def on_device(rows):
     """(inputs, next-token targets) on the device, from read_windows's rows: one copy, two views."""
-    data.check_token_ids(rows, data_meta, data_dir, run)  # open_split scans only the val split
+    data.check_token_ids(rows, data_meta, data_dir, run)  # training shards are checked as read
     rows = rows.to(device, non_blocking=device_type == 'cuda')
     return rows[:, :-1], rows[:, 1:]
 
 # evaluation scores {name: (shards, windows)}: a fixed sample, and at the end every window
 val_sets, full_val_sets = data.validation_sets(data_dir, val_domains, eval_iters, batch_size,
                                                block_size)
-piece = rank_micro_batches[0][1] - rank_micro_batches[0][0]
-# this rank's share, in pieces of training's micro-batch size: no new batch size, no new memory
-rank_val_pieces, rank_full_val_pieces = (data.rank_pieces(sets, piece, ddp_rank, ddp_world_size)
+pass_size = rank_micro_batches[0][1] - rank_micro_batches[0][0]  # sequences in a forward pass
+# this rank's share, in pieces of training's pass size: no new batch size, no new memory
+rank_val_pieces, rank_full_val_pieces = (data.rank_pieces(sets, pass_size, ddp_rank, ddp_world_size)
                                          for sets in (val_sets, full_val_sets))
 
 # -----------------------------------------------------------------------------
@@ -144,13 +144,12 @@ with hardware.memory_error_in_one_line(device):
     raw_model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 settings.check_lr_scales(lr_scales, raw_model)  # names of its parameters
-optimizer = optim.configure_optimizers(  # the setting's name; from here on, the optimizer
+optimizer = optim.configure_optimizers(  # the object; the setting stays in config['optimizer']
     raw_model, weight_decay, learning_rate, (beta1, beta2), device_type, lr_scales,
-    muon=(muon_lr, muon_adjust_lr) if optimizer == 'muon' else None)
+    muon=(muon_lr, muon_adjust_lr) if config['optimizer'] == 'muon' else None)
 if init_from == 'resume':
     run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)
     del ckpt  # memory-mapped: let go of it
-
 # everything checked: take out_dir, then start the process group (torchrun ends ranks left waiting)
 run.take(overwrite, resumed_step=iter_num if init_from == 'resume' else None)
 if wandb and master_process:  # before the process group: a slow login would keep the others waiting
@@ -168,9 +167,8 @@ ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' 
 model = torch.compile(ddp_model or raw_model) if compiled else ddp_model or raw_model
 say = tqdm.write if master_process else lambda line: None  # rank 0 speaks, above any progress bar
 say(f"{ddp_world_size} rank(s) on {device} ({dtype}); {tokens_per_iter:,} tokens per step = "
-    f"{global_batch} sequences x {block_size} tokens, {rank_share} per rank in micro-batches of up "
-    f"to {micro_batch_size or batch_size}; {tokens_per_iter * max(max_iters - iter_num, 0):,} "
-    "tokens to go")
+    f"{global_batch} sequences x {block_size} tokens, {rank_share} per rank in micro-batches of "
+    f"up to {pass_size}; {tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
 say(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per "
     f"layer {[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 peak = metrics.mfu_peak(peak_tflops, device, say=say)
@@ -192,11 +190,12 @@ def evaluate(sets, pieces):
     names = list(sets)
     sums = torch.zeros(len(names), device=device)  # of the windows' mean losses, per set
     for name, places in tqdm(pieces, 'eval', leave=False, delay=5, disable=not master_process):
-        x, y = on_device(read_windows(sets[name][0], places + places[:1] * (piece - len(places))))
-        if len(places) < piece:  # a last piece, padded with rows whose targets, -1, are ignored
-            y = y.masked_fill(torch.arange(piece, device=device).unsqueeze(1) >= len(places), -1)
+        padded = places + [places[0]] * (pass_size - len(places))  # a last piece's padding rows
+        x, y = on_device(read_windows(sets[name][0], padded))
+        # padding's targets: -1, ignored; y a new tensor each piece, one layout for a compiled model
+        y = y.masked_fill(torch.arange(pass_size, device=device)[:, None] >= len(places), -1)
         with autocast:
-            loss = model(x, y)[1]
+            _, loss = model(x, y)
         sums[names.index(name)] += loss.float() * len(places)
     if ddp:
         torch.distributed.all_reduce(sums)
@@ -211,8 +210,9 @@ def forward_backward(batch):
         x, y = on_device(rows)
         if ddp:  # all-reduce the gradients once a step, in the last micro-step's backward
             ddp_model.require_backward_grad_sync = micro_step == len(batch) - 1
-        with autocast:  # weighted by its share of this rank's sequences
-            loss = model(x, y)[1] * ((stop - start) / rank_share)
+        with autocast:
+            _, loss = model(x, y)
+        loss = loss * ((stop - start) / rank_share)  # weighted by its share of the rank's batch
         loss_sum += loss.detach()
         scaler.scale(loss).backward()
     return loss_sum
@@ -268,9 +268,9 @@ with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1)
             break
 
         lr = get_lr(iter_num)
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups:  # lr_scale: 1, Sec. 4.3's lr_scales, or Muon's ratio
             group['lr'] = lr * group['lr_scale']
-        torch.manual_seed(data.seeded(seed, iter_num, -1 - ddp_rank))  # this step's dropout
+        torch.manual_seed(data.seeded(seed, iter_num, -1 - ddp_rank))  # dropout's: no batch's seed
         batch = next_batch.result() if next_batch else get_batch(iter_num)
         next_batch = reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None
         train_loss = forward_backward(batch)

@@ -19,7 +19,7 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     Muon's authors (and nanochat, modded-nanogpt) do."""
     scales = dict(lr_scales)
     tables = {id(table.weight) for table in model.token_tables()}
-    # the token tables last, where they were before they moved into their layers: saved states still fit
+    # the token tables last: the order of the parameters is the order of a saved optimizer state
     params = {name: p for name, p in sorted(model.named_parameters(), key=lambda np: id(np[1]) in tables)
               if p.requires_grad}
     unknown = sorted(set(scales) - set(params))
@@ -27,7 +27,7 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
         raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "
                          f"(names like blocks.0.attn.c_v.weight)")
     hidden = {id(w) for w in hidden_matrices(model)} if muon else set()
-    # the two groups of old, first and always, as saved optimizer states have them
+    # the decayed and the undecayed group first and always: saved optimizer states have them so
     groups = {(True, 1.0): [], (False, 1.0): []}
     muon_groups = {}
     for name, p in params.items():
