@@ -273,7 +273,9 @@ def parse_args(argv=None):
                         help="share held out for validation (default 0.1)")
     # the paper's "nearly 20B" (ICLR Sec. 4.1.1), as many as its 10,000 steps of 2,097,152 tokens read once
     parser.add_argument("--max_tokens", type=token_count, default=21_000_000_000,
-                        help="slimpajama: training tokens (default 21e9: one epoch of the paper's 20.97B)")
+                        help="slimpajama: training tokens (default 21e9: the 20.97B the paper's 10,000 "
+                             "steps read, each once; 20e9 with train.py's --data_order=epochs mimics the "
+                             "official loader)")
     parser.add_argument("--val_tokens", type=token_count,
                         help="slimpajama: validation tokens, an equal share for each domain (default: "
                              "the whole validation split, ~500e6)")

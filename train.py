@@ -12,7 +12,6 @@ groups, or Muon). The other vrl.* calls only check, report and keep a run safe: 
 import math
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict
 
@@ -24,17 +23,19 @@ from tqdm import tqdm
 from configurator import configure
 from model import GPT, GPTConfig
 from vrl import data, data_parallel, hardware, metrics, optim, run_folder, settings, stops
+stops.rank_0_speaks()  # under torchrun: a bad setting or missing data said once, by rank 0
 
-# -----------------------------------------------------------------------------
 # defaults: a small Identity ResFormer on char-level Shakespeare, trained on a laptop CPU in minutes
 # I/O
 out_dir = 'out'
 eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt if val improved), every this often
 log_interval = 10
 eval_iters = 10  # validation batches of batch_size windows, the same each time (by domain: shared)
+eval_full = False  # every validation window at every evaluation (the paper's curve), not the last
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 overwrite = False  # let a fresh run replace a run already in out_dir (ckpt.pt, best.pt, log.jsonl)
+save_checkpoint = True  # False: write no ckpt.pt or best.pt (lab/bench.py's node check times runs)
 wandb_log = False
 wandb_project = 'value-residual'
 wandb_run_name = 'run'
@@ -61,7 +62,7 @@ weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0 disables clipping
-lr_scales = []  # [parameter name, multiplier] pairs trained at multiplier x the rate (Sec. 4.3)
+lr_scales = []  # [parameter name, multiplier] pairs trained at multiplier x the rate (v5 Sec. 4.3)
 warmup_iters = 50
 lr_decay_iters = 600
 min_lr = 2e-4
@@ -82,7 +83,7 @@ globals().update(config)  # config: what this run used, for the log and the chec
 settings.check_settings(config)
 wandb = settings.import_wandb() if wandb_log else None
 data_dir = config['data_dir'] = os.path.join('data', dataset)
-data_meta = data.load_meta(data_dir)
+data_meta = data.load_meta(data_dir, 'train.py')
 model_config = settings.model_config(config, data_meta['vocab_size'])  # padded to a multiple of 64
 global_batch = gradient_accumulation_steps * batch_size
 tokens_per_iter = global_batch * block_size
@@ -95,7 +96,7 @@ device, device_type, dtype = hardware.setup_device(device, dtype, ddp_local_rank
     needs_gpu=None if eval_only else hardware.needs_gpu(model_config, block_size,
                                                         tokens_per_iter * max_iters))
 hardware.check_model_fits(model_config, device, training=not eval_only)
-run = run_folder.RunFolder(out_dir, writes=master_process and not eval_only, wandb=wandb)
+run = run_folder.RunFolder(out_dir, master_process and not eval_only, wandb, save_checkpoint)
 run.check_can_start(init_from, overwrite, eval_only)
 
 # -----------------------------------------------------------------------------
@@ -104,10 +105,10 @@ train_shards = data.open_split(data_dir, 'train')
 val_domains = data.open_val_domains(data_dir)  # SlimPajama's 7 domains, one by one; else None
 windows = data.WindowOrder(train_shards, block_size, seed, data_dir, data_order, val_domains)
 windows.refuse_a_second_epoch(max_iters, global_batch, data_meta)  # 'epoch': each window once
-# this rank's share of each global batch: (start, stop) pieces of at most micro_batch_size sequences
-rank_micro_batches = data.micro_batches(global_batch, ddp_world_size, ddp_rank,
-                                        micro_batch_size or batch_size)
-rank_share = rank_micro_batches[-1][1] - rank_micro_batches[0][0]
+# this rank's share of each global batch: (start, stop) micro-batches of at most pass_size sequences
+rank_share = global_batch // ddp_world_size
+pass_size = min(micro_batch_size or batch_size, rank_share)  # sequences in a forward pass
+rank_micro_batches = data.micro_batches(global_batch, ddp_world_size, ddp_rank, pass_size)
 
 def read_windows(shards, places):  # rows (B, block_size + 1) on the CPU, pinned for a CUDA copy
     return data.read_windows(shards, places, block_size, pin=device_type == 'cuda')
@@ -125,8 +126,7 @@ def on_device(rows):
 
 # evaluation scores {name: (shards, windows)}: a fixed sample, and at the end every window
 val_sets, full_val_sets = data.validation_sets(data_dir, val_domains, eval_iters, batch_size,
-                                               block_size)
-pass_size = rank_micro_batches[0][1] - rank_micro_batches[0][0]  # sequences in a forward pass
+                                               block_size, every_window=eval_full)
 # this rank's share, in pieces of training's pass size: no new batch size, no new memory
 rank_val_pieces, rank_full_val_pieces = (data.rank_pieces(sets, pass_size, ddp_rank, ddp_world_size)
                                          for sets in (val_sets, full_val_sets))
@@ -150,15 +150,13 @@ optimizer = optim.configure_optimizers(  # the object; the setting stays in conf
 if init_from == 'resume':
     run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)
     del ckpt  # memory-mapped: let go of it
-# everything checked: take out_dir, then start the process group (torchrun ends ranks left waiting)
-run.take(overwrite, resumed_step=iter_num if init_from == 'resume' else None)
+run.take(overwrite, resumed_step=iter_num if init_from == 'resume' else None)  # all checked: now
 if wandb and master_process:  # before the process group: a slow login would keep the others waiting
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 if ddp:
     init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
 signals = stops.StopSignals(ddp, ddp_rank, device_type)  # Ctrl-C, SIGTERM
-autocast = (nullcontext() if dtype == 'float32'  # mixed precision on GPUs
-            else torch.autocast(device_type, getattr(torch, dtype)))
+amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
 # what the loop calls: raw_model in DDP (which all-reduces the gradients), compiled after DDP so
 # that DDPOptimizer splits the graph at DDP's buckets and overlaps their all-reduces
@@ -182,6 +180,15 @@ def get_lr(it):
     decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
 
+def eval_loss(shards, places):
+    """The mean loss over the windows at places, in one pass of pass_size rows: a last piece is
+    padded, its padding's targets -1 (ignored). y is a new tensor for every piece (a view for some
+    and a copy for others would recompile a compiled model)."""
+    x, y = on_device(read_windows(shards, places + [places[0]] * (pass_size - len(places))))
+    y = y.masked_fill(torch.arange(pass_size, device=device)[:, None] >= len(places), -1)
+    with amp:
+        return model(x, y)[1]
+
 @torch.no_grad()
 def evaluate(sets, pieces):
     """(val_loss, {domain: loss}) over the windows of sets (val_sets or full_val_sets), the ranks
@@ -190,13 +197,7 @@ def evaluate(sets, pieces):
     names = list(sets)
     sums = torch.zeros(len(names), device=device)  # of the windows' mean losses, per set
     for name, places in tqdm(pieces, 'eval', leave=False, delay=5, disable=not master_process):
-        padded = places + [places[0]] * (pass_size - len(places))  # a last piece's padding rows
-        x, y = on_device(read_windows(sets[name][0], padded))
-        # padding's targets: -1, ignored; y a new tensor each piece, one layout for a compiled model
-        y = y.masked_fill(torch.arange(pass_size, device=device)[:, None] >= len(places), -1)
-        with autocast:
-            _, loss = model(x, y)
-        sums[names.index(name)] += loss.float() * len(places)
+        sums[names.index(name)] += eval_loss(sets[name][0], places).float() * len(places)
     if ddp:
         torch.distributed.all_reduce(sums)
     model.train()
@@ -210,7 +211,7 @@ def forward_backward(batch):
         x, y = on_device(rows)
         if ddp:  # all-reduce the gradients once a step, in the last micro-step's backward
             ddp_model.require_backward_grad_sync = micro_step == len(batch) - 1
-        with autocast:
+        with amp:
             _, loss = model(x, y)
         loss = loss * ((stop - start) / rank_share)  # weighted by its share of the rank's batch
         loss_sum += loss.detach()
@@ -230,14 +231,14 @@ nonfinite = stops.NonFinite(device, ddp, iter_num, run)  # the NaN/inf stop
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
 first_step, next_batch = iter_num, None
 # a stop signal saves; an error ends every rank; reader reads a step's windows during the last one
-with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1) as reader:
+with signals.caught(run, checkpoint, nonfinite), progress, hardware.reader_thread(device) as reader:
     if not eval_only and iter_num < max_iters:  # say what the run will cost, before any long work
         batch, (name, places) = get_batch(iter_num), (rank_val_pieces or [(None, None)])[0]
         metrics.estimate_time(lambda: forward_backward(batch),
-                              lambda: model(*on_device(read_windows(val_sets[name][0], places))),
-                              autocast, (1, len(rank_val_pieces), len(rank_full_val_pieces)), model,
+                              lambda: eval_loss(val_sets[name][0], places),
+                              (len(rank_val_pieces), len(rank_full_val_pieces)), amp, model,
                               optimizer, compiled, device_type == 'cuda',
-                              (iter_num, max_iters, eval_interval), tokens_per_iter, say)
+                              (iter_num, max_iters, eval_interval), tokens_per_iter, say, eval_full)
         progress.unpause()  # the bar's clock skips it
     throughput = metrics.Throughput(tokens_per_iter)  # of the training steps since the last eval
     while True:
@@ -245,7 +246,7 @@ with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1)
         if eval_only or iter_num % eval_interval == 0 or iter_num == max_iters:
             val_loss, domain_losses = evaluate(val_sets, rank_val_pieces)
             said, full = metrics.by_domain(domain_losses), {}
-            if full_val_sets and (eval_only or iter_num == max_iters):  # the last: every window too
+            if full_val_sets and (eval_full or eval_only or iter_num == max_iters):  # every window
                 losses = evaluate(full_val_sets, rank_full_val_pieces)
                 full, on_all = metrics.full_evaluation(losses, full_val_sets)
                 said += on_all
@@ -268,7 +269,7 @@ with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1)
             break
 
         lr = get_lr(iter_num)
-        for group in optimizer.param_groups:  # lr_scale: 1, Sec. 4.3's lr_scales, or Muon's ratio
+        for group in optimizer.param_groups:  # lr_scale: 1, lr_scales (v5 Sec. 4.3), or Muon's
             group['lr'] = lr * group['lr_scale']
         torch.manual_seed(data.seeded(seed, iter_num, -1 - ddp_rank))  # dropout's: no batch's seed
         batch = next_batch.result() if next_batch else get_batch(iter_num)
@@ -293,8 +294,7 @@ with signals.caught(run, checkpoint, nonfinite), progress, ThreadPoolExecutor(1)
                                  peak, ddp_world_size, device)
     if ddp:  # DDP keeps the replicas identical: checked once, cheaply
         say(data_parallel.replicas_agree(raw_model))
-# after a run that went well: free everything, wait for all ranks, then tear down (gloo may abort)
-if ddp:
+if ddp:  # a run that went well: free everything, wait for all ranks, tear down (or gloo may abort)
     del model, ddp_model, raw_model, optimizer
     barrier()
     destroy_process_group()

@@ -11,9 +11,10 @@ The default tasks are the paper's: the six zero-shot accuracy tasks of its Table
 arXiv v1 Table 1), whose "Avg" is their unweighted mean, and WikiText, whose word perplexity only the latest
 version reports (its 468M table, known second-hand) and which stays out of the mean. The text names no
 metric, but Table 1's numbers do: its OpenBookQA scores, 0.136-0.148, lie below the 0.25 of a four-way
-guess, where only plain acc puts models this small (acc_norm, which scores each answer per byte, puts them
-near or above chance). So eval.py's headline is the mean of plain acc, the paper's; beside it, the mean of
-acc_norm (acc where a task has none: WinoGrande), TinyLlama's convention (the paper follows its task list).
+guess, where only plain acc puts models this small (acc_norm, which lm_eval 0.4 scores per character of
+the answer, puts them near or above chance; per byte is acc_bytes). So eval.py's headline is the mean of
+plain acc, the paper's; beside it, the mean of acc_norm (acc where a task has none: WinoGrande),
+TinyLlama's convention (the paper follows its task list).
 
 Run it from the repository root: local tasks name their data files relative to it. It prints lm_eval's
 table and the means, and writes the full results (the means under "accuracy_mean") to
@@ -153,20 +154,31 @@ class ValueResidualLM(TemplateLM):
             batch = order[start:start + self.batch_size]
             # the last block_size + 1 tokens; the model reads all but the last and predicts all but the first
             tokens = [(requests[i][1] + requests[i][2])[-(self.max_length + 1):] for i in batch]
-            logits = self._logits([t[:-1] for t in tokens])
-            for i, t, row in zip(batch, tokens, logits):
-                key, _, continuation = requests[i]
+            # the positions that predict each continuation, and their targets, for the whole batch at once:
+            # one copy to the device and one back, not one each per request
+            rows, positions, targets = [], [], []
+            for row, (i, t) in enumerate(zip(batch, tokens)):
+                continuation = requests[i][2]
                 n = len(continuation)
                 if n >= len(t):
                     raise SystemExit(f"eval.py: a continuation of {n} tokens does not fit the model's "
                                      f"block_size of {self.max_length}; "
                                      f"evaluate on a task with shorter answers")
-                # only the positions that predict the continuation,
-                # in float32, over the tokenizer's real vocabulary
-                log_probs = F.log_softmax(row[len(t) - 1 - n:len(t) - 1, :self.vocab_size].float(), dim=-1)
-                target = torch.tensor(continuation, device=log_probs.device)
-                results[i] = (log_probs.gather(1, target[:, None]).sum().item(),
-                              bool((log_probs.argmax(1) == target).all()))
+                rows += [row] * n
+                positions += range(len(t) - 1 - n, len(t) - 1)
+                targets += continuation
+            logits = self._logits([t[:-1] for t in tokens])
+            index = torch.tensor([rows, positions, targets], device=logits.device)
+            # in float32, over the tokenizer's real vocabulary
+            log_probs = F.log_softmax(logits[index[0], index[1], :self.vocab_size].float(), dim=-1)
+            chosen = log_probs.gather(1, index[2][:, None])[:, 0]
+            greedy = log_probs.argmax(1) == index[2]
+            chosen, greedy = chosen.tolist(), greedy.tolist()
+            start_of = 0
+            for i in batch:
+                key, n = requests[i][0], len(requests[i][2])
+                results[i] = (sum(chosen[start_of:start_of + n]), all(greedy[start_of:start_of + n]))
+                start_of += n
                 if key is not None:
                     self.cache_hook.add_partial('loglikelihood', key, results[i])
             progress.update(len(batch))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -147,12 +148,14 @@ def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypat
 
 def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
     """Every forward pass train.py makes, training's or evaluation's, returns its loss and no logits (B x T x
-    vocab: 6.6 GB at 82M), so none is held past it. Each pass's inputs and targets are two views of one block
-    of windows, copied to the device once."""
+    vocab: 6.6 GB at 82M), so none is held past it. Each training pass's inputs and targets are two views of
+    one block of windows, copied to the device once (evaluation's targets are a new tensor, so that its
+    padded pieces have the layout of the others)."""
     forward, returned, one_block = GPT.forward, [], []
 
     def watched_forward(model, idx, targets=None, **kwargs):
-        one_block.append(idx.untyped_storage().data_ptr() == targets.untyped_storage().data_ptr())
+        if model.training:
+            one_block.append(idx.untyped_storage().data_ptr() == targets.untyped_storage().data_ptr())
         logits, loss = forward(model, idx, targets, **kwargs)
         returned.append((logits, loss.shape))
         return logits, loss
@@ -163,7 +166,7 @@ def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
     # the cost estimate's training steps of 2 passes (two untimed, then the timed ones) and its evaluation
     # pass, 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
     assert returned == [(None, ())] * ((2 + metrics.TIMED_PASSES) * 2 + 1 + 4 + 3 * 2 + 4)
-    assert all(one_block)
+    assert len(one_block) == (2 + metrics.TIMED_PASSES) * 2 + 3 * 2 and all(one_block)
 
 
 def test_evaluation_takes_training_sized_micro_batches_and_keeps_its_loss(workdir, monkeypatch):
@@ -399,6 +402,8 @@ sys.path.insert(0, os.path.dirname(sys.argv[0]))
 updates = 0
 def stop_at_step(optimizer, args, kwargs):
     global updates
+    if not any(group['lr'] for group in optimizer.param_groups):
+        return  # the start-up estimate's timed updates, at rate 0: not training's
     updates += 1
     if updates == stop_step and os.environ.get('RANK', '0') == stop_rank:
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -602,7 +607,7 @@ def previous_run(workdir):
     ckpt = workdir / 'out_prev' / 'ckpt.pt'
     for out, key in ('out_noopt', 'optimizer'), ('out_nometa', 'data_meta'):
         checkpoint = torch.load(ckpt, weights_only=True)
-        del checkpoint[key]
+        del checkpoint[key], checkpoint['checksums']  # an older train.py wrote no checksums either
         (workdir / out).mkdir()
         torch.save(checkpoint, workdir / out / 'ckpt.pt')
     (workdir / 'out_cut').mkdir()
@@ -738,9 +743,8 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     monkeypatch.setattr(builtins, 'open', full_disk_open)
     result = train(workdir, '--out_dir=out_full', '--max_iters=8', '--eval_interval=1', check=False)
     monkeypatch.undo()
-    one_line_error(result, 'train.py: cannot write out_full/log.jsonl (OSError: [Errno 28] No space left on '
-                           'device); free disk space or fix out_dir, out_full/ckpt.pt (step 1) is the last '
-                           'good checkpoint')
+    one_line_error(result, 'train.py: cannot write out_full/log.jsonl (no space left on device); free disk '
+                           'space or fix out_dir, out_full/ckpt.pt (step 1) is the last good checkpoint')
     assert [r['step'] for r in records(workdir, 'out_full')] == [0, 1, 1]
 
     bad = workdir / 'data' / 'badtoken_char'
@@ -753,6 +757,154 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     result = train(workdir, '--out_dir=out_badtoken', '--dataset=badtoken_char', '--max_iters=8', check=False)
     one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside the vocabulary of',
                    'python prepare.py', 'no checkpoint written')  # the cost estimate's batch, before step 0
+    assert not (workdir / 'out_badtoken').exists()  # it made the folder and wrote nothing: no lock left
+
+
+def test_a_full_disk_at_a_checkpoint_says_so_and_leaves_no_partial_file(workdir, monkeypatch):
+    """torch.save on a full disk fails with a RuntimeError that quotes PyTorch's internals ('unexpected
+    pos'): one line that says no space is left, and the partial ckpt.pt.tmp removed at once."""
+    save = torch.save
+
+    def full_disk_save(obj, path, *args, **kwargs):
+        if str(path).endswith('ckpt.pt.tmp') and obj['iter_num'] == 2:
+            open(path, 'wb').write(b'PK partial')
+            raise RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 6400 vs 6272')
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', full_disk_save)
+    result = train(workdir, '--out_dir=out_full_save', '--max_iters=4', '--eval_interval=1', check=False)
+    monkeypatch.undo()
+    one_line_error(result, 'train.py: cannot write out_full_save/ckpt.pt (no space left on device); free '
+                           'disk space or fix out_dir, out_full_save/ckpt.pt (step 1) is the last good '
+                           'checkpoint')
+    assert sorted(p.name for p in (workdir / 'out_full_save').iterdir() if not p.name.startswith('.')) == \
+        ['best.pt', 'ckpt.pt', 'log.jsonl']
+
+
+def test_save_checkpoint_false_trains_and_writes_no_checkpoint(workdir):
+    """save_checkpoint=False (the node check's speed and fit runs): the log is written, no ckpt.pt or
+    best.pt; with init_from=resume it is refused in one line."""
+    train(workdir, '--out_dir=out_no_save', '--max_iters=2', '--eval_interval=1', '--save_checkpoint=False')
+    assert sorted(p.name for p in (workdir / 'out_no_save').iterdir() if not p.name.startswith('.')) == \
+        ['log.jsonl']
+    assert [r['step'] for r in records(workdir, 'out_no_save') if 'val_loss' in r] == [0, 1, 2]
+    one_line_error(train(workdir, '--out_dir=out_no_save', '--init_from=resume', '--save_checkpoint=False',
+                         check=False),
+                   "train.py: save_checkpoint=False with init_from='resume' would continue a run and save "
+                   "none of it; drop one")
+
+
+def test_a_flipped_byte_in_a_checkpoint_is_refused_in_one_line(workdir):
+    """Every checkpoint records a CRC-32 of each of its tensors: a byte flipped in a tensor of ckpt.pt stops
+    a resume and sample.py with one line naming the file, before anything is touched."""
+    train(workdir, '--out_dir=out_flip', '--max_iters=2', '--eval_interval=2')
+    path = workdir / 'out_flip' / 'ckpt.pt'
+    assert len(torch.load(path, weights_only=True)['checksums']) > 10
+    with zipfile.ZipFile(path) as archive:  # the biggest tensor's bytes, as torch.save stored them
+        info = max(archive.infolist(), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    log_before = (workdir / 'out_flip' / 'log.jsonl').read_bytes()
+    result = train(workdir, '--out_dir=out_flip', '--init_from=resume', '--max_iters=4', check=False)
+    one_line_error(result, 'checkpoint out_flip/ckpt.pt is damaged: its tensors no longer match the '
+                           'checksums written with them')
+    assert (workdir / 'out_flip' / 'log.jsonl').read_bytes() == log_before
+    sampled = run_script(REPO / 'sample.py', ['--out_dir=out_flip', '--max_new_tokens=2'], workdir, check=False)
+    assert sampled.returncode == 1 and 'is damaged' in sampled.stderr, sampled.stderr
+
+
+def test_a_log_that_is_not_utf8_resumes_without_its_bad_line(workdir):
+    """A stray byte in log.jsonl (a crash, a copy): the resume keeps every readable record up to the
+    checkpoint and drops the line it cannot read."""
+    train(workdir, '--out_dir=out_bad_log', '--max_iters=2', '--eval_interval=2')
+    path = workdir / 'out_bad_log' / 'log.jsonl'
+    path.write_bytes(path.read_bytes() + b'\xff\xfe not json\n')
+    train(workdir, '--out_dir=out_bad_log', '--init_from=resume', '--max_iters=4', '--eval_interval=2')
+    assert [r['step'] for r in records(workdir, 'out_bad_log') if 'val_loss' in r] == [0, 2, 4]
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_before_the_log_is_touched(workdir):
+    """NaN weights in ckpt.pt: the resume stops with one line before cutting log.jsonl back."""
+    train(workdir, '--out_dir=out_nan_ckpt', '--max_iters=2', '--eval_interval=1')
+    path = workdir / 'out_nan_ckpt' / 'ckpt.pt'
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint['model']['norm_f.weight'][0] = float('nan')
+    del checkpoint['checksums']  # as a checkpoint whose weights were NaN when written
+    torch.save(checkpoint, path)
+    log_before = (workdir / 'out_nan_ckpt' / 'log.jsonl').read_bytes()
+    result = train(workdir, '--out_dir=out_nan_ckpt', '--init_from=resume', '--max_iters=4', check=False)
+    one_line_error(result, 'train.py: out_nan_ckpt/ckpt.pt holds NaN or inf weights (norm_f.weight)')
+    assert (workdir / 'out_nan_ckpt' / 'log.jsonl').read_bytes() == log_before
+
+
+def test_a_fifo_as_a_data_file_is_named_for_what_it_is(workdir):
+    fifo = workdir / 'data' / 'fifo_char'
+    fifo.mkdir()
+    for name in ('meta.json', 'val.bin'):
+        (fifo / name).write_bytes((workdir / 'data' / 'tiny_char' / name).read_bytes())
+    os.mkfifo(fifo / 'train.bin')
+    one_line_error(train(workdir, '--out_dir=out_fifo', '--dataset=fifo_char', check=False),
+                   'prepare.py: data/fifo_char/train.bin is not a regular file (a folder, a pipe or a device)')
+
+
+def test_the_paper_config_without_its_data_says_what_preparing_it_takes(workdir):
+    """The first command of the paper's run, on a node without data: one line from train.py naming the
+    prepare command, its cost, and that the node check needs no data."""
+    result = run([REPO / 'train.py', REPO / 'config' / 'resformer_82m.py'], workdir, check=False)
+    one_line_error(result, 'train.py: data/slimpajama_neox/meta.json not found; prepare the data first with '
+                           '`python prepare.py --dataset=slimpajama` (about 42 GB of disk',
+                   '`python lab/bench.py --node_check --nproc=8` checks a node without it')
+
+
+def test_a_depth_no_config_means_is_refused_at_once(workdir):
+    one_line_error(train(workdir, '--out_dir=out_deep', '--n_layer=100000', check=False),
+                   "train.py: n_layer=100000; the paper's deepest model has 24 layers")
+
+
+def test_every_evaluation_scores_every_window_with_eval_full(workdir):
+    """eval_full=True (the paper's recipe): val_loss_full at every evaluation, per domain, on data kept by
+    domain; on a single corpus too, where without it no evaluation scores every window."""
+    domain_data(workdir)
+    train(workdir, '--dataset=domains_char', '--out_dir=out_eval_full', '--max_iters=2', '--eval_interval=1',
+          '--lr_decay_iters=2', '--eval_full=True')
+    evaluations = [r for r in records(workdir, 'out_eval_full') if 'val_loss' in r]
+    assert [r['step'] for r in evaluations if 'val_loss_full' in r] == [0, 1, 2]
+    assert all(list(r['val_loss_full_domains']) == list(DOMAINS) for r in evaluations)
+    train(workdir, '--out_dir=out_eval_full_one', '--max_iters=2', '--eval_interval=1', '--eval_full=True')
+    one = [r for r in records(workdir, 'out_eval_full_one') if 'val_loss' in r]
+    tokens = len(np.fromfile(workdir / 'data' / 'tiny_char' / 'val.bin', dtype=np.uint16))
+    assert [r['val_windows_full'] for r in one] == [len(range(0, tokens - 32, 32))] * 3
+
+
+COUNT_RECOMPILES = """import json, os, runpy, sys
+from torch._dynamo.utils import counters
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+finally:
+    print('RECOMPILES', json.dumps(dict(counters['recompiles'])), 'FRAMES', counters['frames']['ok'])
+"""
+
+
+def test_a_compiled_whole_split_evaluation_with_a_padded_piece_does_not_recompile(workdir):
+    """Compiled (inductor, on the CPU), every validation window scored in pieces of 4, the last of each
+    domain padded: every piece's targets have one layout, so dynamo compiles evaluation once, the cost
+    estimate's evaluation pass included (a recompile for a view's strides against a copy's, or for a batch
+    size, would show in torch's log of recompilations)."""
+    domain_data(workdir)
+    script = workdir / 'count_recompiles.py'
+    script.write_text(COUNT_RECOMPILES)
+    result = run([script, REPO / 'train.py', '--dataset=domains_char', '--out_dir=out_compiled_full',
+                  '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=2', '--micro_batch_size=4',
+                  '--eval_full=True', '--compile=True', '--overwrite=True', *TINY[1:]], workdir,
+                 env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_LOGS='recompiles'), timeout=600)
+    recompiles = result.stderr.count('Recompiling function')
+    reasons = [line for line in result.stderr.splitlines() if 'stride' in line or 'size mismatch' in line]
+    assert reasons == [], reasons
+    assert recompiles <= 1, result.stderr[-3000:]  # training's graph, then evaluation's (model.training)
 
 
 def test_a_model_too_big_for_memory_is_one_line(workdir):
@@ -820,6 +972,15 @@ def test_a_failing_rank_ends_every_rank(workdir):
     assert 'rank      : 0 (local_rank: 0)' in last[0], last
     assert 'traceback : train.py: cannot write' in last[-2], last
     assert 'traceback : train.py: rank 1 stopped because another rank failed' in result.stderr
+
+
+def test_a_bad_setting_under_torchrun_is_said_once_by_rank_0(workdir):
+    """Every rank checks the settings before the process group starts, and fails alike: the one line is
+    printed once, by rank 0, right after the settings, not once per rank before torchrun's summary."""
+    result = torchrun(workdir, *TINY, '--out_dir=out_ddp_bad', '--eval_iters=0', check=False, timeout=120)
+    line = 'train.py: eval_iters=0; use 1 or more validation batches'
+    assert result.returncode != 0 and (result.stdout + result.stderr).count(line) == 1, result.stderr[-2000:]
+    assert not (workdir / 'out_ddp_bad').exists()
 
 
 def rank_pid(torchrun_pid, rank):
@@ -912,7 +1073,7 @@ sys.path.insert(0, os.path.dirname(sys.argv[0]))
 updates = reads = 0
 def count_update(optimizer, args, kwargs):
     global updates
-    updates += 1
+    updates += any(group['lr'] for group in optimizer.param_groups)  # not the estimate's, at rate 0
 def step_clock():
     global reads
     reads += 1
@@ -1090,7 +1251,7 @@ import model
 buckets, seen, updates = set(), [], 0
 def count_update(optimizer, args, kwargs):
     global updates
-    updates += 1
+    updates += any(group['lr'] for group in optimizer.param_groups)  # not the estimate's, at rate 0
 register_optimizer_step_post_hook(count_update)
 def noting_hook(state, bucket):  # DDP's own all-reduce, noting where each bucket lives
     buckets.add(bucket.buffer().untyped_storage().data_ptr())
@@ -1192,7 +1353,7 @@ def test_a_pipe_for_the_log_of_a_run_to_resume_is_refused_in_one_line(workdir):
 
 
 @pytest.mark.parametrize('args, words', [
-    (['--n_layer=1000000'], ['n_layer=1000000', 'does not fit in the', 'lower n_layer']),
+    (['--n_layer=1000000'], ['n_layer=1000000', 'use at most 1024']),
     (['--n_embd=100000000000'], ['n_embd=100000000000', 'does not fit in the']),  # was a torch overflow
     (['--lr_scales=["blocks.0.attn.c_v.weight", 2.0]'], ["lr_scales=['blocks.0.attn.c_v.weight', 2.0]",
                                                          "[['blocks.0.attn.c_v.weight', 2.0], ...]"]),

@@ -1,12 +1,15 @@
 """Tests for vrl's small parts: the lock (one holder, named when refused, freed when its holder is killed),
-the one-line argparse errors, the mean per-domain losses."""
+the one-line argparse errors, the mean per-domain losses, the reader thread's device, the timed update at
+rate 0, the gradient norms, out-of-memory errors and a rank ended by its peer's failure."""
 
 import errno
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from vrl import cli, hardware, locks, metrics
 
@@ -117,3 +120,88 @@ def test_per_domain_losses_average_every_run_or_none():
     scored = [{'Github': 1.0, 'C4': 3.0}, {'C4': 2.0, 'Github': 2.0}]
     assert list(metrics.mean_domain_losses(scored).items()) == [('C4', 2.5), ('Github', 1.5)]
     assert metrics.mean_domain_losses(scored + [None]) is None and metrics.mean_domain_losses([]) is None
+
+
+def test_the_reader_thread_sets_the_ranks_device_before_any_work(monkeypatch):
+    """The thread that reads (and pins) training windows first sets the rank's CUDA device, as PyTorch's
+    DataLoader pin thread does, or every rank would open a context on GPU 0 (mocked: no GPU here)."""
+    import threading
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(
+        (device, threading.current_thread() is threading.main_thread())))
+    with hardware.reader_thread('cuda:3') as reader:
+        assert reader.submit(lambda: 'read').result() == 'read'
+    assert calls == [('cuda:3', False)]
+    with hardware.reader_thread('cpu') as reader:
+        reader.submit(lambda: None).result()
+    assert calls == [('cuda:3', False)]  # a CPU run's thread touches no CUDA device
+
+
+@pytest.mark.parametrize('muon', [False, True])
+def test_a_zero_rate_update_changes_no_weight_and_leaves_no_state(muon):
+    """The cost estimate times one update at rate 0 on zeroed gradients: the weights stay bit for bit,
+    clear_state forgets the moments it made, and the next update equals a fresh optimizer's first."""
+    from model import GPT, GPTConfig
+    from vrl import optim
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16,
+                          variant='resformer_learnable'))
+    twin = GPT(model.config)
+    twin.load_state_dict(model.state_dict())
+    make = lambda m: optim.configure_optimizers(m, 0.1, 1e-2, (0.9, 0.95), 'cpu',
+                                                muon=(0.02, 'original') if muon else None)
+    optimizer, fresh = make(model), make(twin)
+    x = torch.randint(64, (2, 16))
+    model(x, x)[1].backward()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optim.zero_rate_step(optimizer)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert optim.has_state(optimizer) and all(p.grad.abs().sum() == 0 for p in model.parameters())
+    optim.clear_state(optimizer)
+    assert not optim.has_state(optimizer)
+    for m, o in ((model, optimizer), (twin, fresh)):
+        o.zero_grad()
+        m(x, x)[1].backward()
+        o.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+
+
+def test_gradient_norms_are_each_parameters():
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16))
+    x = torch.randint(64, (2, 16))
+    model(x, x)[1].backward()
+    norms = metrics.grad_norms(model)
+    assert list(norms) == [n for n, p in model.named_parameters() if p.grad is not None]
+    assert all(norms[n] == pytest.approx(p.grad.norm().item(), rel=1e-6) for n, p in model.named_parameters())
+
+
+def test_only_running_out_of_memory_is_reported_as_memory():
+    """A GPU's OutOfMemoryError or the CPU allocator's "can't allocate memory" is one line about memory;
+    any other RuntimeError (an ECC error, a busy device) keeps its own message and traceback."""
+    for error in (torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB'),
+                  RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes")):
+        with pytest.raises(SystemExit, match='^train.py: the model does not fit in cuda:0 memory'):
+            with hardware.memory_error_in_one_line('cuda:0'):
+                raise error
+    with pytest.raises(RuntimeError, match='uncorrectable ECC error'):
+        with hardware.memory_error_in_one_line('cuda:0'):
+            raise RuntimeError('CUDA error: uncorrectable ECC error encountered')
+
+
+@pytest.mark.parametrize('message', [
+    'Connection closed by peer [127.0.0.1]:1234',  # gloo
+    'NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error',
+    'DistBackendError: NCCL communicator was aborted on rank 1.'])
+def test_a_rank_ended_by_a_peers_failure_says_so_in_one_line(tmp_path, monkeypatch, message):
+    """gloo's and NCCL's words for a collective whose peer failed become the one line 'stopped because
+    another rank failed', in the rank's error file for torchrun's summary, stamped after the peer's."""
+    from vrl import stops
+    monkeypatch.setenv('TORCHELASTIC_ERROR_FILE', str(tmp_path / 'error.json'))
+    with pytest.raises(SystemExit) as stopped:
+        stops.end_rank(RuntimeError(message), ddp=True, rank=1)
+    assert stopped.value.code == 1
+    error = json.loads((tmp_path / 'error.json').read_text())['message']
+    assert error['message'] == 'train.py: rank 1 stopped because another rank failed'
+    with pytest.raises(RuntimeError, match='an ordinary bug'):  # anything else keeps its traceback
+        stops.end_rank(RuntimeError('an ordinary bug'), ddp=True, rank=1)

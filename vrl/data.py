@@ -22,11 +22,19 @@ from vrl import cli
 META_KEYS = ("tokenizer", "vocab_size", "files", "max_token")  # what readers rely on
 
 
-def load_meta(data_dir):
-    """meta.json of a folder prepare.py finished, checked to be whole and consistent."""
+# what preparing SlimPajama takes (docs/tools.md: the disk measured, the time projected for a 64-core node)
+SLIMPAJAMA_COST = ("about 42 GB of disk and, projected, 12-15 minutes of tokenizing on a 64-core node after "
+                   "the download; `python lab/bench.py --node_check --nproc=8` checks a node without it")
+
+
+def load_meta(data_dir, script="prepare.py"):
+    """meta.json of a folder prepare.py finished, checked to be whole and consistent. script: who says a
+    missing folder is missing (train.py says what preparing SlimPajama takes)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
-        raise SystemExit(f"prepare.py: {path} not found; run `{prepare_command(data_dir)}` first")
+        cost = f" ({SLIMPAJAMA_COST})" if "slimpajama" in prepare_command(data_dir) else ""
+        raise SystemExit(f"{script}: {path} not found; prepare the data first with "
+                         f"`{prepare_command(data_dir)}`{cost}")
     cli.refuse_pipe(path, "prepare.py:", f"run `{prepare_command(data_dir)}` again")
     try:
         with open(path, encoding="utf-8") as f:
@@ -79,6 +87,9 @@ def open_files(data_dir, meta, names, split):
         if name not in meta["files"]:
             raise SystemExit(f"prepare.py: meta.json in {data_dir} lists {name} under val_domains but not "
                              f"under files; {again}")
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise SystemExit(f"prepare.py: {path} is not a regular file (a folder, a pipe or a device); "
+                             f"{again}")
         if not os.path.isfile(path):
             raise SystemExit(f"prepare.py: {path} not found; {again}")
         size, expected = os.path.getsize(path), 2 * meta["files"][name]
@@ -142,7 +153,7 @@ def window_starts(shard, block_size):
     return range(0, len(shard) - block_size, block_size)
 
 
-def every_window(shards, block_size):
+def windows_of(shards, block_size):
     return [(s, i) for s, shard in enumerate(shards) for i in window_starts(shard, block_size)]
 
 
@@ -201,14 +212,14 @@ class WindowOrder:
                          f"{more}, or allow repeats with --data_order=epochs")
 
 
-def validation_sets(data_dir, val_domains, eval_iters, batch_size, block_size):
+def validation_sets(data_dir, val_domains, eval_iters, batch_size, block_size, every_window=False):
     """(val_sets, full_val_sets), each {name: (shards, windows)}. val_sets, what every evaluation scores: the
     validation split's eval_iters x batch_size windows, evenly spaced; or, where the data keeps it by domain
     (SlimPajama), each domain's, as the paper scores them, sharing as many equally in whole batches (so
     training's micro-batches divide them). full_val_sets: every window of every domain, which the last
     evaluation of a run also scores, as the paper reports (ICLR A.6; the official src/training_args.py's
-    max_eval_samples=None); none for a single corpus (Shakespeare's runs, and their results, stay as they
-    were)."""
+    max_eval_samples=None); for a single corpus none, unless every_window (eval_full) asks for its
+    every window (so Shakespeare's runs, and their results, stay as they were)."""
     def sample(shards, places, count, what):
         if len(places) < count:
             raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than "
@@ -217,10 +228,11 @@ def validation_sets(data_dir, val_domains, eval_iters, batch_size, block_size):
 
     if val_domains is None:
         val_split = open_split(data_dir, 'val')
-        places = every_window(val_split, block_size)
-        return {'val': sample(val_split, places, eval_iters * batch_size, 'the validation split')}, {}
+        places = windows_of(val_split, block_size)
+        val_sets = {'val': sample(val_split, places, eval_iters * batch_size, 'the validation split')}
+        return val_sets, ({'val': (val_split, places)} if every_window else {})
     share = -(-eval_iters // len(val_domains)) * batch_size
-    full_val_sets = {name: (shards, every_window(shards, block_size)) for name, shards in val_domains.items()}
+    full_val_sets = {name: (shards, windows_of(shards, block_size)) for name, shards in val_domains.items()}
     return ({name: sample(shards, places, share, f"the validation split of domain {name}")
              for name, (shards, places) in full_val_sets.items()}, full_val_sets)
 

@@ -5,6 +5,7 @@ device='auto' fell back to (needs_gpu).
 """
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -21,8 +22,23 @@ def setup_device(device, dtype, local_rank, deterministic, needs_gpu):
         use_deterministic_kernels(device_type)
     if device_type == 'cuda':
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):  # torch 2.9+, which warns on the old
+            torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = 'tf32'
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     return device, device_type, pick_dtype(dtype, device_type)
+
+
+def reader_thread(device):
+    """A thread to read training windows in while the device computes. It pins memory for CUDA copies, so it
+    first sets the rank's device, as PyTorch's DataLoader pin thread does: a thread starts on GPU 0, and
+    every rank would open a context there (about 0.5 GB each; fatal on exclusive-process GPUs)."""
+    return ThreadPoolExecutor(1, initializer=set_device_of_thread, initargs=(device,))
+
+
+def set_device_of_thread(device):
+    if torch.device(device).type == 'cuda':
+        torch.cuda.set_device(device)
 
 
 def pick_device(device, needs_gpu=None):
@@ -125,11 +141,14 @@ def check_model_fits(cfg, device, training):
 
 @contextlib.contextmanager
 def memory_error_in_one_line(device):
-    """End train.py with one line if the block runs out of memory: the allocator's "can't allocate memory", a
-    RuntimeError, on the CPU or a GPU."""
+    """End train.py with one line if the block runs out of memory: a GPU's torch.OutOfMemoryError, or the CPU
+    allocator's "can't allocate memory" (a RuntimeError). Any other error (an ECC error, a busy GPU) stays
+    what it is."""
     try:
         yield
     except RuntimeError as e:
+        if not (isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)):
+            raise
         raise SystemExit(f"train.py: the model does not fit in {device} memory ({str(e).splitlines()[0]}); "
                          f"use a smaller model (n_layer, n_embd, ...) or a device with more memory") from None
 

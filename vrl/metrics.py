@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from vrl import optim
+
 
 # One GPU's dense bf16 tensor-core peak in TFLOP/s, for train.py's MFU and beside bench.py's measured matmul
 # peak, by the exact name torch.cuda.get_device_name gives: the vendor's datasheet figure, which NVIDIA states
@@ -104,8 +106,11 @@ class Throughput:
 
 
 def grad_norms(model):
-    """{name: norm} of every parameter's gradient, e.g. layer 1's W_V against W_O (the paper's Sec. 4.3)."""
-    return {name: p.grad.norm().item() for name, p in model.named_parameters() if p.grad is not None}
+    """{name: norm} of every parameter's gradient, e.g. layer 1's W_V against W_O (v5 Sec. 4.3):
+    one fused kernel per dtype and one copy to the host, not a wait for the device per parameter."""
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    norms = torch.stack(torch._foreach_norm([grad for _, grad in named])).tolist()
+    return {name: norm for (name, _), norm in zip(named, norms)}
 
 
 def full_evaluation(losses, full_val_sets):
@@ -131,42 +136,55 @@ def mean_domain_losses(scored):
     return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
 
 
-TIMED_PASSES = 5  # the training micro-batches the estimate times, after two untimed ones (three if compiled)
+TIMED_PASSES = 5  # the training steps the estimate times, after two untimed ones (three if compiled)
 
 
-def estimate_time(micro_batch, eval_batch, autocast, counts, model, optimizer, compiled, cuda, schedule,
-                  tokens_per_step, say):
-    """Say what the run will cost before any long work, from micro_batch() (a training forward and backward,
-    whose gradients are then dropped: no update, and every step seeds its own randomness, so the run is
-    unchanged) and eval_batch(), timed on every rank. The first calls pay for allocation, kernel selection
+def estimate_time(train_step, eval_batch, counts, amp, model, optimizer, compiled, cuda, schedule,
+                  tokens_per_step, say, every_window=False):
+    """Say what the run will cost before any long work, from train_step() (the step's forward and backward
+    passes as training runs them: under DDP one all-reduce, in the last micro-batch's backward) followed by
+    an update at rate 0 on zeroed gradients (optim.zero_rate_step: the update's kernels and memory, the
+    weights unchanged; its optimizer state is then cleared, so a fresh run's first update is still its
+    first), and from eval_batch(), timed on every rank. A resumed run's update, whose optimizer state must
+    stay as it was saved, is not timed (the line says so). The gradients are then dropped, and every step
+    seeds its own randomness: the run is unchanged. The first calls pay for allocation, kernel selection
     and any compiling, and come out up to 1.6x slower than the steps that follow (the second still up to
-    1.3x): they are not timed; the estimate is the median of TIMED_PASSES timed calls, their range said. The
-    optimizer's update is not timed (it would change the weights). counts: this rank's
-    (micro-batches a step, evaluation batches, the last evaluation's more on every validation window);
-    schedule: (this run's first step, max_iters, eval_interval); say: rank 0's print. Both run under
-    autocast."""
-    micro_batches, eval_batches, full_eval_batches = counts
+    1.3x): they are not timed; the estimate is the median of TIMED_PASSES timed steps, their range said.
+    counts: this rank's (evaluation batches, more on every validation window); schedule: (this run's first
+    step, max_iters, eval_interval); say: rank 0's print; every_window: each evaluation scores every
+    validation window (eval_full), not only the last."""
+    eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
-    with autocast:
-        warming, times = seconds_of(micro_batch, 2 + compiled, TIMED_PASSES, cuda)
+    fresh = not optim.has_state(optimizer)
+
+    def step():
+        train_step()
+        if fresh:
+            optim.zero_rate_step(optimizer)
+    with amp:
+        warming, steps = seconds_of(step, 2 + compiled, TIMED_PASSES, cuda)
+    if fresh:
+        optim.clear_state(optimizer)
     optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
     model.eval()
-    with autocast:  # (no evaluation batches: a rank with no share of the validation windows)
+    with amp:  # (no evaluation batches: a rank with no share of the validation windows)
         eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) \
             if eval_batches else (0, [0])
     model.train()
-    steps = [t * micro_batches for t in times]
-    step, evaluation = statistics.median(steps), eval_times[0] * eval_batches
-    compiling = warming + eval_warming - (2 + compiled) * times[0] - compiled * eval_times[0]
+    step, batch = statistics.median(steps), eval_times[0]
+    compiling = warming + eval_warming - (2 + compiled) * steps[0] - compiled * eval_times[0]
     compiling = f"; compiling took {duration(compiling)}" if compiled else ""
     first_eval = -(-first_step // eval_interval) * eval_interval
     evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
+    full = evaluations if every_window else 1
     to_go = max_iters - first_step
     say(f"about {duration(step)} a step ({duration(min(steps))} to {duration(max(steps))} over "
-        f"{len(steps)} timed ones; {tokens_per_step / step:,.0f} tokens/s): {duration(step * to_go)} for the "
-        f"{to_go} steps to go, plus {duration(evaluation * evaluations + eval_times[0] * full_eval_batches)} "
-        f"for {evaluations} evaluations"
-        f"{' (the last also of every validation window)' if full_eval_batches else ''}{compiling}")
+        f"{len(steps)} timed ones, {'the update included' if fresh else 'the update not timed (resumed)'}; "
+        f"{tokens_per_step / step:,.0f} tokens/s): {duration(step * to_go)} for the {to_go} steps to go, "
+        f"plus {duration(batch * (eval_batches * evaluations + full_eval_batches * full))} for "
+        f"{evaluations} evaluations"
+        + (" (every validation window each time)" if every_window and full_eval_batches
+           else " (the last also of every validation window)" if full_eval_batches else "") + compiling)
 
 
 def seconds_of(work, untimed, timed, cuda):

@@ -14,7 +14,7 @@ def hidden_matrices(model):
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, lr_scales=(), muon=None):
     """AdamW over model's parameters. lr_scales: (parameter name, multiplier) pairs trained at multiplier x
-    the schedule's rate (Sec. 4.3's control); each group's 'lr_scale' says. muon: (Muon's peak rate, its
+    the schedule's rate (v5 Sec. 4.3's control); each group's 'lr_scale' says. muon: (Muon's peak rate, its
     adjust_lr_fn) to train the hidden matrices with torch.optim.Muon instead; the rest stays with AdamW, as
     Muon's authors (and nanochat, modded-nanogpt) do."""
     scales = dict(lr_scales)
@@ -73,3 +73,31 @@ class MuonAndAdamW:
     def load_state_dict(self, state):
         self.muon.load_state_dict(state['muon'])
         self.adamw.load_state_dict(state['adamw'])
+
+
+def has_state(optimizer):
+    """Whether the optimizer has taken a step (or loaded a state): it holds moments or momenta."""
+    parts = (optimizer.muon, optimizer.adamw) if isinstance(optimizer, MuonAndAdamW) else (optimizer,)
+    return any(part.state for part in parts)
+
+
+def clear_state(optimizer):
+    """Forget every moment and momentum, as if the optimizer had never stepped."""
+    for part in (optimizer.muon, optimizer.adamw) if isinstance(optimizer, MuonAndAdamW) else (optimizer,):
+        part.state.clear()
+
+
+@torch.no_grad()
+def zero_rate_step(optimizer):
+    """One update on zeroed gradients at rate 0, for timing it: its kernels and memory, the weights unchanged
+    (AdamW's update is 0 / (0 + eps) = 0, Muon's orthogonalises a zero matrix, and both decays are rate x
+    decay = 0). It leaves moments behind: clear_state. The gradients stay zero."""
+    rates = [group['lr'] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group['lr'] = 0.0
+        for p in group['params']:
+            if p.grad is not None:
+                p.grad.zero_()
+    optimizer.step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        group['lr'] = rate

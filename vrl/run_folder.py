@@ -4,12 +4,15 @@ what a kill left tidied, checkpoints written atomically, the log cut back on res
 checkpoint back (load_checkpoint), resuming only with the data and settings it was trained with
 (check_resume).
 """
+import contextlib
+import errno
 import json
 import os
 import re
 import shutil
 import sys
 import tempfile
+import zlib
 from dataclasses import fields
 
 import torch
@@ -25,11 +28,12 @@ class RunFolder:
     """out_dir and the files a run writes there (RUN_FILES). Only the process that writes (writes=True: rank
     0, unless eval_only) saves and logs."""
 
-    def __init__(self, out_dir, writes, wandb=None):
+    def __init__(self, out_dir, writes, wandb=None, saves=True):
         self.out_dir, self.writes, self.wandb = out_dir, writes, wandb
+        self.saves = saves  # False (save_checkpoint=False): never write ckpt.pt or best.pt
         self.ckpt_path, self.best_path, self.log_path = (os.path.join(out_dir, name) for name in RUN_FILES)
         self.saved_step = None  # the step of the last good checkpoint, once there is one
-        self.lock = None
+        self.lock, self.made_out_dir = None, False
 
     def check_can_start(self, init_from, overwrite, eval_only):
         """Before anything touches it: out_dir is a folder, holds no run unless told what to do with it, and
@@ -63,6 +67,7 @@ class RunFolder:
         if not self.writes:
             return
         try:
+            self.made_out_dir = not os.path.isdir(self.out_dir)
             os.makedirs(self.out_dir, exist_ok=True)
             self.lock = locks.hold(os.path.join(self.out_dir, '.lock'), 'train.py', self.refusal)
             self.remove_half_written_files()
@@ -71,14 +76,28 @@ class RunFolder:
                     if os.path.exists(os.path.join(self.out_dir, name)):
                         os.remove(os.path.join(self.out_dir, name))
             if resumed_step is not None and os.path.exists(self.log_path):
-                with open(self.log_path) as f:
+                with open(self.log_path, 'rb') as f:  # bytes: a line that is not UTF-8 is no record
                     kept = [line for line in f if is_record_before(line, resumed_step)]
-                with open(self.log_path + '.tmp', 'w') as f:
+                with open(self.log_path + '.tmp', 'wb') as f:
                     f.writelines(kept)
                 os.replace(self.log_path + '.tmp', self.log_path)
         except OSError as e:
             raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e}); "
                              f"pick another --out_dir") from None
+
+    def let_go(self):
+        """At the end of the run, whatever ended it: let go of out_dir's lock. A run that wrote nothing
+        there, in an out_dir it made (a start refused partway), leaves no trace: the lock files and the
+        folder go too."""
+        if self.lock is None:
+            return
+        empty = self.made_out_dir and not any(os.path.exists(os.path.join(self.out_dir, name))
+                                              for name in RUN_FILES)
+        self.lock.release(remove=empty)
+        self.lock = None
+        if empty:
+            with contextlib.suppress(OSError):  # not empty after all: leave it
+                os.rmdir(self.out_dir)
 
     def refusal(self, holder):
         return (f"another run ({holder}) is writing to {self.out_dir}; wait for it to end, "
@@ -101,18 +120,25 @@ class RunFolder:
         """Write ckpt.pt, and best.pt too when best, from one serialization: each atomically (a crash
         mid-write leaves the previous file intact), best.pt first (a kill between the two repeats that
         evaluation on resume), and best.pt as a second name of the same file where the filesystem has hard
-        links, else a copy."""
+        links, else a copy. Nothing with saves=False."""
+        if not self.saves:
+            return
+        written = self.ckpt_path + '.tmp'
         try:
-            written = self.ckpt_path + '.tmp'
             if os.path.lexists(written):  # a killed save's, perhaps linked to best.pt: never write through it
                 os.remove(written)
+            checkpoint['checksums'] = checksums(checkpoint)  # checked when it is read (load_checkpoint)
             torch.save(checkpoint, written)
             if best:
                 link_or_copy(written, self.best_path + '.tmp')
                 os.replace(self.best_path + '.tmp', self.best_path)
             os.replace(written, self.ckpt_path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-            self.cannot_write(self.ckpt_path, e)
+            full = is_disk_full(e)
+            for partial in (written, self.best_path + '.tmp'):  # gone now, not at the next start
+                with contextlib.suppress(OSError):
+                    os.remove(partial)
+            self.cannot_write(self.ckpt_path, e, full)
         self.saved_step = checkpoint['iter_num']
 
     def save_at_stop(self, checkpoint, nonfinite, how):
@@ -121,7 +147,9 @@ class RunFolder:
         if not self.writes:
             return
         state = checkpoint()
-        if nonfinite.seen():
+        if not self.saves:
+            outcome = "nothing saved (save_checkpoint=False)"
+        elif nonfinite.seen():
             outcome = f"the loss had become NaN or inf, so nothing saved; {self.kept()}"
         else:
             self.save(state, best=False)
@@ -135,7 +163,7 @@ class RunFolder:
                 with open(self.log_path, 'a') as f:
                     f.write(json.dumps(record) + '\n')
             except OSError as e:
-                self.cannot_write(self.log_path, e)
+                self.cannot_write(self.log_path, e, is_disk_full(e))
             if self.wandb:
                 self.wandb.log(record, step=record['step'])
 
@@ -144,9 +172,10 @@ class RunFolder:
         return (f"{self.ckpt_path} (step {self.saved_step}) is the last good checkpoint"
                 if self.saved_step is not None else "no checkpoint written")
 
-    def cannot_write(self, path, error):
-        raise SystemExit(f"train.py: cannot write {path} ({type(error).__name__}: {error}); free disk space "
-                         f"or fix out_dir, {self.kept()}") from None
+    def cannot_write(self, path, error, full=False):
+        why = "no space left on device" if full else f"{type(error).__name__}: {error}"
+        raise SystemExit(f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, "
+                         f"{self.kept()}") from None
 
 
 def is_record_before(line, step):
@@ -159,6 +188,36 @@ def is_record_before(line, step):
         return False
 
 
+def is_disk_full(error):
+    """Whether a write failed for want of space: an OSError's ENOSPC or EDQUOT, or what torch.save's zip
+    writer says of it (a RuntimeError 'unexpected pos', or 'file write failed')."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(words in str(error) for words in ('unexpected pos', 'file write failed', 'No space left'))
+
+
+def checksums(checkpoint):
+    """CRC-32 of each tensor's bytes in a checkpoint (the weights, the optimizer's moments, ...), in the order
+    the checkpoint holds them: recorded when it is written, compared when it is read, so that a flipped byte
+    in ckpt.pt stops a resume instead of training on. About 1 s a GB on one core (docs/training.md)."""
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if key != 'checksums':
+                    yield from tensors(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from tensors(item)
+    def as_bytes(tensor):  # a flat copy where the tensor is strided (a 1-element slice may have stride 2)
+        flat = tensor.detach().reshape(-1).cpu()
+        if flat.numel() and flat.stride(0) != 1:
+            flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+        return flat.view(torch.uint8).numpy()
+    return [zlib.crc32(as_bytes(t)) for t in tensors(checkpoint)]
+
+
 def link_or_copy(source, target):
     if os.path.lexists(target):
         os.remove(target)
@@ -169,10 +228,15 @@ def link_or_copy(source, target):
 
 
 def resume(run, model_config, config, data_meta, eval_only):
-    """(model, checkpoint) of run's ckpt.pt, checked to continue exactly (check_resume); run then knows
-    the checkpoint's step as its last good one."""
+    """(model, checkpoint) of run's ckpt.pt, checked to continue exactly (check_resume) before anything
+    touches out_dir; run then knows the checkpoint's step as its last good one."""
     model, checkpoint = load_checkpoint(run.ckpt_path)
     check_resume(checkpoint, run.ckpt_path, model.config, model_config, config, data_meta, eval_only)
+    broken = next((name for name, w in model.state_dict().items()
+                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
+    if broken and not eval_only:
+        raise SystemExit(f"train.py: {run.ckpt_path} holds NaN or inf weights ({broken}), so it cannot be "
+                         f"resumed; start over with --overwrite=True, or resume from a copy of best.pt")
     run.saved_step = checkpoint['iter_num']
     checkpoint.setdefault('last_eval', None)  # written by a train.py before it was saved
     return model, checkpoint
@@ -199,6 +263,9 @@ def load_checkpoint(path, device='cpu', model_type=GPT):
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
         raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
                          "(no model or model_args)")
+    if 'checksums' in checkpoint and checksums(checkpoint) != checkpoint['checksums']:  # older: none
+        raise SystemExit(f"checkpoint {path} is damaged: its tensors no longer match the checksums written "
+                         "with them (a flipped byte on disk or in a copy); use another checkpoint")
     if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
         raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
                          "point to a checkpoint written by train.py")
@@ -225,9 +292,10 @@ def current_name(key):
 # memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every
 # other one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss), so it
 # must match the checkpoint's; so must the data (its meta.json).
-MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'eval_interval', 'log_interval', 'eval_only',
-                        'wandb_log', 'wandb_project', 'wandb_run_name', 'log_grad_norms', 'dataset',
-                        'data_dir', 'max_iters', 'device', 'compile', 'peak_tflops', 'micro_batch_size')
+MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'save_checkpoint', 'eval_interval',
+                        'log_interval', 'eval_only', 'wandb_log', 'wandb_project', 'wandb_run_name',
+                        'log_grad_norms', 'dataset', 'data_dir', 'max_iters', 'device', 'compile',
+                        'peak_tflops', 'micro_batch_size')
 
 
 def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config, data_meta, eval_only):

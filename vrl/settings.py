@@ -14,6 +14,9 @@ from model import GPTConfig
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
+MAX_LAYERS = 1024
+
+
 def check_settings(config):
     """End train.py with one line at the first setting out of range, before anything touches out_dir: a run
     that cannot start changes nothing on disk."""
@@ -22,6 +25,14 @@ def check_settings(config):
         (c.init_from in ('scratch', 'resume'), f"init_from={c.init_from!r}; use 'scratch' or 'resume'"),
         (not (c.overwrite and c.init_from == 'resume'),
          "overwrite=True starts over and init_from='resume' continues; pick one"),
+        # a depth no config means: it would pass the size check at a small width and then build modules
+        # for minutes in silence
+        (not isinstance(c.n_layer, int) or c.n_layer <= MAX_LAYERS,
+         f"n_layer={c.n_layer}; the paper's deepest model has 24 layers, and building more than "
+         f"{MAX_LAYERS} takes minutes before anything runs: use at most {MAX_LAYERS}"),
+        (c.save_checkpoint or c.init_from == 'scratch',
+         "save_checkpoint=False with init_from='resume' would continue a run and save none of it; "
+         "drop one"),
         (c.batch_size >= 1, f"batch_size={c.batch_size}; use 1 or more sequences"),
         (c.micro_batch_size is None or c.micro_batch_size >= 1,
          f"micro_batch_size={c.micro_batch_size}; use 1 or more sequences"),

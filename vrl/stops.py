@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -22,6 +23,8 @@ class StopSignals:
 
     def __init__(self, ddp, rank, device_type):
         self.ddp, self.rank = ddp, rank
+        if isinstance(sys.stderr, Quiet):  # the process group has started: each rank speaks again
+            sys.stderr = sys.stderr.stderr
         # the signal that asked the run to stop; whether it waits for a block to end
         self.signal, self.holding = 0, False
         # for the stop flag and the waits for rank 0's saves: on a CPU the default group, else a gloo one by
@@ -33,11 +36,14 @@ class StopSignals:
         """Run the block with stop signals caught: when one stops it, rank 0 saves checkpoint()
         (run.save_at_stop), every rank waits for it, and all exit together with the shell's code for death by
         that signal (130 for Ctrl-C). The weights are those of a step boundary (updates are deferred), and
-        every rank's are the same. An error in the block, or in the save, ends the rank: end_rank."""
+        every rank's are the same. An error in the block, or in the save, ends the rank: end_rank. Either
+        way the process group is destroyed on the way out (after a run that went well, train.py does it)."""
         previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         except (SystemExit, RuntimeError) as error:
+            run.let_go()
+            leave_group()
             end_rank(error, self.ddp, self.rank)
         except KeyboardInterrupt:
             self.holding = True  # a second Ctrl-C (or torchrun's SIGTERM to the ranks left) waits for it
@@ -47,8 +53,14 @@ class StopSignals:
                 run.save_at_stop(checkpoint, nonfinite, how)
                 self.wait_for_rank_0()
             except (SystemExit, RuntimeError) as error:
+                run.let_go()
+                leave_group()
                 end_rank(error, self.ddp, self.rank)
+            run.let_go()
+            leave_group()
             raise SystemExit(128 + self.signal) from None
+        else:
+            run.let_go()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -91,15 +103,48 @@ class StopSignals:
             barrier(group=self.group)
 
 
+# How gloo and NCCL say that a collective failed because another rank had exited or failed
+PEER_FAILED = (' by peer', 'remote process exit', 'ncclRemoteError', 'communicator was aborted')
+
+
 def end_rank(error, ddp, rank):
-    """Re-raise error, under torchrun as a one-line stop_rank: a SystemExit's message, or, for gloo's error in
-    a collective whose peer has exited, a line saying so (that peer says why). Other errors keep their
-    traceback."""
+    """Re-raise error, under torchrun as a one-line stop_rank: a SystemExit's message, or, for gloo's or
+    NCCL's error in a collective whose peer has exited or failed, a line saying so (that peer says why).
+    Other errors keep their traceback."""
     if ddp and isinstance(error, SystemExit) and isinstance(error.code, str):
         stop_rank(error.code)
-    if ddp and isinstance(error, RuntimeError) and ' by peer' in str(error):
+    if ddp and isinstance(error, RuntimeError) and any(words in str(error) for words in PEER_FAILED):
         stop_rank(f"train.py: rank {rank} stopped because another rank failed", after_a_peer=True)
     raise error
+
+
+def leave_group():
+    """Destroy the process group if one is up: NCCL's watchdog and gloo's threads end with it, and no
+    rank prints their teardown warnings over its error."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.distributed.destroy_process_group()
+
+
+class Quiet:
+    """sys.stderr of a torchrun rank other than 0 until the process group starts (rank_0_speaks)."""
+
+    def __init__(self, stderr):
+        self.stderr = stderr
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def rank_0_speaks():
+    """Under torchrun every rank checks the same settings and data before the process group starts, and
+    fails alike: rank 0 prints the one-line error, the other ranks keep quiet (torchrun's summary still
+    gives each rank's exit code), so a bad setting shows once, not once per rank."""
+    if int(os.environ.get('RANK', '0')) > 0:
+        sys.stderr = Quiet(sys.stderr)
 
 
 def stop_rank(message, after_a_peer=False):
