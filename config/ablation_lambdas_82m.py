@@ -20,7 +20,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1]]' --out_dir=out/sec4.2_lambda0.8
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[1,1],[1,1],[1,1],[1,1],[1,1],[1,1],[1,1]]' --out_dir=out/sec4.2_lambda1
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[5,1],[5,1],[5,1],[5,1],[5,1],[5,1],[5,1]]' --out_dir=out/sec4.2_lambda5
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_sparse'

@@ -12,7 +12,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_mapping_82m.py --variant=resformer_identity --out_dir=out/sec4.4_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_mapping_82m.py --variant=resformer_identity --value_mapping=first --out_dir=out/sec4.4_mapping_first
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_mapping_82m.py --variant=resformer_identity --value_mapping=identity --out_dir=out/sec4.4_mapping_identity
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_identity'

@@ -11,7 +11,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_placement_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[0,1],[0,1],[5,1],[5,1],[5,1]]' --out_dir=out/placement_layers6-8
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_placement_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[0,1],[5,1],[5,1],[5,1],[5,1]]' --out_dir=out/placement_layers5-8
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_placement_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0,1],[0,1],[5,1],[5,1],[5,1],[5,1],[5,1]]' --out_dir=out/placement_layers4-8
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/placement_layer7'

@@ -16,7 +16,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=attention --micro_batch_size=16 --out_dir=out/sec4.4_attention_residual
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=hidden --out_dir=out/sec4.4_hidden_from_h0
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=hidden --residual_source=1 --out_dir=out/sec4.4_hidden_from_h1
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 # The attention residual's explicit T x T attention, which that count leaves out, needs more: its run takes 16.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

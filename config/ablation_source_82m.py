@@ -13,7 +13,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=resformer_learnable_plus --residual_source=1 --out_dir=out/sec4.4_plus_from_v2
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=vanilla --h0_residual=False --out_dir=out/sec4.4_vanilla_no_h0
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=resformer_identity --residual_source=1 --h0_residual=False --out_dir=out/sec4.4_identity_from_v2_no_h0
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_identity'

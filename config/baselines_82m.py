@@ -14,7 +14,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.2 --out_dir=out/a3_neutreno_l0.2
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.6 --out_dir=out/a3_neutreno_l0.6
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.8 --out_dir=out/a3_neutreno_l0.8
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_82m'

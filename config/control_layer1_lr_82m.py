@@ -11,7 +11,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/control_layer1_lr_82m.py --variant=vanilla --lr_scales='[["blocks.0.attn.c_v.weight", 2], ["blocks.0.attn.c_proj.weight", 2]]' --out_dir=out/sec4.3_vanilla_layer1_lr_x2
 #   torchrun --standalone --nproc_per_node=8 train.py config/control_layer1_lr_82m.py --variant=vanilla --lr_scales='[["blocks.0.attn.c_v.weight", 4], ["blocks.0.attn.c_proj.weight", 4]]' --out_dir=out/sec4.3_vanilla_layer1_lr_x4
 #   torchrun --standalone --nproc_per_node=8 train.py config/control_layer1_lr_82m.py --variant=vanilla --lr_scales='[["blocks.0.attn.c_v.weight", 2], ["blocks.0.attn.c_proj.weight", 1.5]]' --out_dir=out/sec4.3_vanilla_layer1_lr_wv2_wo1.5
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.3_vanilla'

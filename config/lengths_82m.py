@@ -23,7 +23,7 @@
 #   python lab/eval.py --out_dir=out/sec4.2_resformer_T2048
 #   python lab/eval.py --out_dir=out/sec4.2_vanilla_T64000
 #   python lab/eval.py --out_dir=out/sec4.2_resformer_T64000
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 # micro_batch_size = batch_size, so each GPU takes 64,000-65,536 tokens a pass at every length, and fused (flash)
 # attention keeps memory linear in the length: about as much at each.
 import os

@@ -16,7 +16,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=resformer_identity --learning_rate=1e-3 --min_lr=1e-4 --out_dir=out/sec4.3_resformer_identity_lr1e-3
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=vanilla --learning_rate=2e-3 --min_lr=2e-4 --out_dir=out/sec4.3_vanilla_lr2e-3
 #   torchrun --standalone --nproc_per_node=8 train.py config/lr_sweep_82m.py --variant=resformer_identity --learning_rate=2e-3 --min_lr=2e-4 --out_dir=out/sec4.3_resformer_identity_lr2e-3
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.3_resformer_identity_lr6e-4'

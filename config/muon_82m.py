@@ -9,7 +9,7 @@
 # optimizer suite (reproduce.py) instead sweeps Keller Jordan's 'original' scaling's rate. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/muon_82m.py --variant=vanilla --out_dir=out/muon_vanilla_82m
 #   torchrun --standalone --nproc_per_node=8 train.py config/muon_82m.py --variant=resformer_identity --out_dir=out/muon_resformer_82m
-# Memory: about 55 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/muon_resformer_82m'

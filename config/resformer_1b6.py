@@ -11,7 +11,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --out_dir=out/scale_resformer_1b6
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=vanilla --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_vanilla_1b6_200B
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_1b6.py --variant=resformer_identity --max_iters=100000 --lr_decay_iters=100000 --dataset=slimpajama_200b --out_dir=out/scale_resformer_1b6_200B
-# Memory: about 57 GB eager, 45 GB compiled per GPU at 4 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 57 GB eager, 47 GB compiled per GPU at 4 sequences of 2048 tokens a pass (docs/training.md).
 # Most of it is the 1.67B parameters' weights, gradients, AdamW state and bf16 copies (18 bytes each); if 4 does
 # not fit, take micro_batch_size=2.
 import os

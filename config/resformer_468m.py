@@ -4,7 +4,7 @@
 # Model: the paper's 468M model: 24 layers, 16 heads, d 1024, SwiGLU 3584 (ICLR Table 4).
 # Paper (ICLR A.6 Table 5, the 7-domain mean): Transformer 2.2806, Identity ResFormer 2.2537.
 # ICLR Fig. 6 (82M, 180M, 320M, 468M): ResFormer matches the Transformer's loss with 10.4% fewer
-# parameters; evaluated every 2B tokens (1000 steps: the val_loss train.py logs), the 468M ResFormer needs
+# parameters; evaluated every 2B tokens (1000 steps; train.py's val_loss_full, every validation window), the 468M ResFormer needs
 # 13.6% less data. The arXiv v4 and v5 abstracts say 13.3% / 15.4% and 16.11% / 20.3% (v5's scaling runs
 # reach 1.6B, second-hand). The 320M shape is published nowhere: no config. SVFormer at these sizes is ICLR
 # Sec. 4.7, Fig. 15d: it needs 12.2% more parameters to match the Transformer's loss. Runs:

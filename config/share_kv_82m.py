@@ -10,7 +10,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/share_kv_82m.py --variant=share_v --out_dir=out/sec3.5_share_v
 #   torchrun --standalone --nproc_per_node=8 train.py config/share_kv_82m.py --variant=cla --out_dir=out/sec3.5_cla
 #   torchrun --standalone --nproc_per_node=8 train.py config/share_kv_82m.py --variant=svformer --out_dir=out/sec3.5_svformer
-# Memory: about 56 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec3.5_share_v'

@@ -30,7 +30,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=svformer --n_kv_head=2 --block_size=64000 --batch_size=1 --out_dir=out/sec4.6_svformer_gqa4_T64000
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=custom --n_kv_head=1 --block_size=64000 --batch_size=1 --out_dir=out/sec4.6_gqa8_T64000
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_82m.py --variant=cla --n_kv_head=2 --block_size=64000 --batch_size=1 --out_dir=out/sec4.6_cla2_gqa4_T64000
-# Memory: about 55 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 # micro_batch_size = batch_size, so each GPU takes 64,000-65,536 tokens a pass at every length (128 x 512 ...
 # 1 x 64,000), and fused (flash) attention keeps memory linear in the length: about as much at each.
 import os

@@ -10,7 +10,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_hparams_82m.py --variant=svformer --learning_rate=3e-4 --min_lr=3e-5 --out_dir=out/sec4.7_svformer_lr3e-4
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_hparams_82m.py --variant=vanilla --warmup_iters=1200 --out_dir=out/sec4.7_vanilla_warmup1200
 #   torchrun --standalone --nproc_per_node=8 train.py config/svformer_hparams_82m.py --variant=svformer --warmup_iters=1200 --out_dir=out/sec4.7_svformer_warmup1200
-# Memory: about 55 GB eager, 36 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.7_svformer_lr1e-4'

@@ -19,6 +19,8 @@ nanoGPT's model.py (github.com/karpathy/nanoGPT) and the official
 modeling_llama_{baseline,resformer,svformer}.py (github.com/Zcchill/Value-Residual-Learning, src/modeling;
 they need transformers==4.44.2). Rows whose files or packages are missing are skipped with a note.
 """
+import ast
+import glob
 import importlib.util
 import itertools
 import json
@@ -27,10 +29,12 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from fractions import Fraction
@@ -41,7 +45,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from configurator import configure
+from configurator import _read_config_file, configure
 from model import GPT, VARIANTS, GPTConfig
 from vrl import hardware, metrics, optim
 from vrl.settings import model_config
@@ -74,9 +78,16 @@ node_check = False  # run node_config under torchrun on synthetic tokens: speed,
 node_config = 'config/resformer_82m.py'  # the config whose model, batch and dtype the node check trains
 nproc = 0  # ranks torchrun starts, one per GPU; 0 = every GPU here
 node_iters = 10  # steps of the straight run; a second run stops halfway, resumes, and must end the same
-train_args = ''  # more train.py arguments, after the check's own, e.g. '--micro_batch_size=16'
+train_args = ''  # more train.py arguments, after the check's common ones, e.g. '--micro_batch_size=16'
 fit_config = 'config/resformer_1b6.py'  # the largest config the node is meant for, tried for a few steps
 #   at its own micro_batch_size (CUDA only); '' = skip
+run_timeout = 1800  # seconds a run may take, start-up and compiling included; past it the check kills the
+#   run, ranks and all, and fails (a hung NCCL collective waits for ever)
+min_mfu = None  # fail below this MFU per GPU (ours: 0.15 = 15%); None = MFU_FLOORS's for this GPU, 0 = none
+min_tokens_per_sec = 0.0  # fail below this many tokens/s per rank; 0 = none. Any device, a CPU too, which
+#   has no MFU
+max_memory_ratio = 1.0  # fail if the peak memory per GPU is above this times the config's estimate
+max_memory_fraction = 0.9  # fail if a peak (the straight run's, the fit's) is above this share of the GPU
 # --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
 estimate_configs = ('', 'config/small_ablation.py', 'config/small_svformer.py')  # '' = train.py's defaults
@@ -89,7 +100,8 @@ if '--smoke=True' in argv:  # tiny defaults, which other arguments still overrid
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
         1, 1, 1, (2, 4), 1, 0, (1, 2))
     batch_size, block_size = 2, 32
-globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr))
+globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr,
+                           types={'min_mfu': float}))
 SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
 if smoke:
     print(SMOKE_WARNING)
@@ -99,27 +111,43 @@ if smoke:
 # Before a 10,000-step job on a fresh node, in minutes: node_config's model, batch and dtype on synthetic
 # tokens, under torchrun as the job runs (nccl on GPUs, compiled), node_iters steps straight; then in
 # train.py's deterministic mode straight again, and stopped halfway and resumed; then fit_config for FIT_STEPS
-# steps. Writes data/node_check and out/node_check in the current folder, as train.py.
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: train.py, the probe run here
+# steps; then the verdicts, each against a threshold. Writes data/node_check and out/node_check in the
+# current folder, as train.py. No GPU has run it yet: what only a GPU settles is marked "GPU only" below.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, whose train.py runs
 NODE_DATA = 'node_check'  # under data/
 GPT2_VOCAB = 50257  # every full-scale config trains on GPT-2 BPE tokens
 TIMING_KEYS = ('tokens_per_sec', 'mfu', 'mfu_palm', 'peak_memory_gib')  # may differ in two runs of a step
 # a config header's memory estimate, as every full-scale config states it
 MEMORY_LINE = re.compile(r'^# Memory: about (?P<eager>\d+) GB eager, (?P<compiled>\d+) GB compiled per GPU '
                          r'at (?P<sequences>\d+) sequences of (?P<tokens>\d+) tokens', re.M)
-ABOVE = 1.1  # a measured peak past this times the estimate is marked ABOVE it (the estimates are rounded)
+TOO_HIGH = 0.7  # a peak under this times the estimate is flagged (the estimate is too high), not failed
 NOISE_FACTOR, NOISE_FLOOR = 2, 1e-6  # within_noise's bound on a resumed run's drift
 FIT_STEPS = 3  # fit_config's run: compiling, then steps at its full memory
+# The MFU (ours: causal attention's half of T x T) below which min_mfu=None fails a node, by the exact name
+# torch.cuda.get_device_name gives, as vrl.metrics.PEAK_TFLOPS. GPU only, and chosen before any GPU ran this
+# code, for the paper's 82M config (node_config's default; a larger model only does better): its step is
+# half the LM head's big matmul, half small ones (d = 512) and memory-bound work (norms, RoPE, the loss over
+# 32 x 2048 x 50,304 logits), so we expect 30-50% on a healthy node, as compiled GPT-2-small-sized models
+# reach on these GPUs. The floors sit at about half the low end, lower on the H100 and H200, whose compute
+# outruns their memory more than the A100's: a node fails only if something is broken (no compiling, no
+# flash attention, a throttled GPU, NCCL falling back to sockets), not if it is merely slow. Measure a
+# healthy node, then raise them; --min_mfu overrides, and a tiny shape in train_args needs --min_mfu=0.
+MFU_FLOORS = {name: 0.15 for name in ('NVIDIA H100 80GB HBM3', 'NVIDIA H100 PCIe', 'NVIDIA H100 NVL',
+                                      'NVIDIA H200', 'NVIDIA H200 NVL')}
+MFU_FLOORS |= {name: 0.2 for name in ('NVIDIA A100-SXM4-40GB', 'NVIDIA A100-SXM4-80GB',
+                                      'NVIDIA A100-PCIE-40GB', 'NVIDIA A100 80GB PCIe')}
 
 
-def write_synthetic_data(folder):
+def write_synthetic_data(folder, shape):
     """Uniform random GPT-2 token ids, laid out as prepare.py lays out a prepared folder: train.bin and
-    val.bin (uint16), then meta.json, last, each swapped in whole. The validation split holds 16 batches of
-    32 x 2048 (or 1 x 65,536) tokens, the check evaluates one."""
+    val.bin (uint16), then meta.json, last, each swapped in whole. The validation split holds 16 of the
+    run's batches (shape: its settings), of which an evaluation scores one, or all 16 under eval_full (the
+    paper's recipe): as cheap at a test's tiny shape as at 82M's 32 x 2048 tokens."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
+    val_tokens = 16 * shape.get('batch_size', 32) * shape.get('block_size', 2048) + 1
     files = {'train.bin': rng.integers(GPT2_VOCAB, size=2 ** 22, dtype=np.uint16),
-             'val.bin': rng.integers(GPT2_VOCAB, size=2 ** 20, dtype=np.uint16)}
+             'val.bin': rng.integers(GPT2_VOCAB, size=val_tokens, dtype=np.uint16)}
     meta = {'tokenizer': 'gpt2', 'vocab_size': GPT2_VOCAB,
             'files': {name: len(a) for name, a in files.items()},
             'max_token': max(int(a.max()) for a in files.values()),
@@ -149,13 +177,22 @@ def memory_estimate_gb(settings, compiled):
     # Bytes a token keeps for the backward in one layer. Eager: the fp32 residual stream at both norms (8d),
     # each linear's own bf16 copy of its normed input (q, k, v, gate, up: 10d), q and the output of attention
     # (4d), k and the values attended over (4kv), SwiGLU's gate, silu, up and their product (8f). Compiled,
-    # inductor fuses the casts, the norms' scaling and SwiGLU's pointwise ops into their neighbours and
-    # recomputes them in the backward from what it keeps: the norms' inputs (8d), q and the output (4d), k
-    # and v (4kv), gate and up (4f); 0.55 of eager's at f = 3.5d.
-    layer = 12 * d + 4 * kv + 4 * f if compiled else 22 * d + 4 * kv + 8 * f
-    # The loss's fp32 logits. Eager: log-softmax's output and the gradients into and out of it, alive at once
-    # in its backward; compiled, one fused kernel: the logits and their gradient.
-    head = (8 if compiled else 12) * c.vocab_size
+    # inductor fuses the casts and the norms' scaling into one bf16 normed input per norm, which every linear
+    # after it reads, and keeps: the norms' fp32 inputs (8d), their bf16 outputs (4d), q and the output of
+    # attention (4d), k and v (4kv), SwiGLU's gate, up and their product, the down projection's input (6f).
+    # Measured (CPU, inductor, torch 2.13, bf16 autocast, saved_tensors_hooks, 3 layers against 2 at d = 64,
+    # kv = d, f = 3.5d): 41.2d a layer, this count's 41d; inductor's partitioner decides the same on CUDA,
+    # bar SDPA's kernel (GPU only: the node check's measured/estimated ratio settles it).
+    layer = 16 * d + 4 * kv + 6 * f if compiled else 22 * d + 4 * kv + 8 * f
+    # The loss, per vocabulary entry. Eager: the fp32 log-softmax output and the gradients into and out of
+    # it, alive at once in its backward (12 bytes; measured on the CPU as above, from the profiler's memory
+    # timeline at two vocabulary sizes: 11.75). Compiled: the bf16 logits alone (2 bytes; fp32 logits would
+    # be 4, with their gradient 8): the forward saves the bf16 matmul output and each row's max and log-sum
+    # (8 bytes a token, left out), and the backward's one fused kernel writes the gradient over the logits
+    # in place (inductor reuses a saved buffer that nothing reads later). Measured as above: 2.00 bytes saved
+    # a token and entry (hooks), 1.8-1.9 at the step's peak (profiler, less the vocabulary-sized parameters'
+    # share), and the generated backward's `buf1 = ...(mm_14, ...); del mm_14  # reuse`. GPU only: the same.
+    head = (2 if compiled else 12) * c.vocab_size
     tokens = (settings.get('micro_batch_size') or settings['batch_size']) * c.block_size
     # per parameter: fp32 weights and gradients (DDP's buckets hold them as views: no second copy), AdamW's
     # two fp32 moments (Muon's one momentum, for the blocks' matrices it trains), autocast's bf16 copy
@@ -163,28 +200,84 @@ def memory_estimate_gb(settings, compiled):
     return (18 * model.num_params() - 4 * muon + tokens * (c.n_layer * layer + head)) / 1e9
 
 
+def children(pid):
+    """The processes whose parent is pid, from Linux's /proc (elsewhere, none)."""
+    found = []
+    for stat in glob.glob('/proc/[0-9]*/stat'):
+        try:
+            with open(stat) as f:
+                if int(f.read().rsplit(')', 1)[1].split()[1]) == pid:  # the name may hold spaces: after it
+                    found.append(int(stat.split('/')[2]))
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return found
+
+
+def kill_run(process):
+    """SIGKILL a run: its process group (torchrun's) and each of torchrun's children's, since torchrun starts
+    every rank in a session of its own (with any compile workers the rank starts), where killing torchrun's
+    group would not reach it."""
+    for group in (process.pid, *children(process.pid)):  # the ranks, before torchrun's end hands them to init
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # ended already, or no group of its own (then it was in torchrun's)
+    process.wait()
+
+
+def stream(name, command, timeout):
+    """Run command, each line of its output (stdout and stderr) printed to stderr as it comes, prefixed with
+    [name]: (exit status, the lines). Past timeout seconds the run is killed, ranks and all, and the check
+    ends in one line; so does Ctrl-C, after the kill."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors='replace', start_new_session=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED='1'))  # a pipe would hold lines back
+    lines = []
+
+    def read():  # in text mode '\r' ends a line too: each of tqdm's updates comes as one
+        for line in process.stdout:
+            if line.strip():
+                lines.append(line.rstrip())
+                print(f"[{name}] {lines[-1]}", file=sys.stderr, flush=True)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_run(process)
+        reader.join(10)
+        raise SystemExit(f"bench.py: node check: the {name} run did not end within run_timeout={timeout:g} s "
+                         f"(a hung rank or collective?); killed it and its ranks") from None
+    except KeyboardInterrupt:
+        kill_run(process)
+        raise SystemExit(f"bench.py: node check interrupted; killed the {name} run and its ranks") from None
+    finally:
+        if process.poll() is None:  # Ctrl-C: its own session does not get it, so the ranks would stay
+            kill_run(process)
+    reader.join(30)  # its last lines; a stray process that kept the pipe open does not hold the check
+    return process.returncode, lines
+
+
 def launch(name, ranks, args, out_of_memory_ok=False):
-    """Run train.py under torchrun: True once it ran. A run that fails ends the check with its last lines;
-    with out_of_memory_ok, one that ran out of memory returns False instead."""
+    """Run train.py under torchrun, its output streamed: True once it ran. A run that fails ends the check
+    with one line; with out_of_memory_ok, one that ran out of memory returns False instead."""
     command = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={ranks}',
                os.path.relpath(os.path.join(HERE, 'train.py')), *args]
     print(f"{name} run: python {shlex.join(command)}", flush=True)
     began = time.perf_counter()
-    run = subprocess.run([sys.executable, *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    out_of_memory = re.search(r'out of memory|does not fit in ', run.stdout)  # CUDA's, or train.py's line
-    if run.returncode and out_of_memory_ok and out_of_memory:
+    status, lines = stream(name, [sys.executable, *command], run_timeout)
+    out_of_memory = any(re.search(r'out of memory|does not fit in ', line) for line in lines)  # CUDA's, or
+    if status and out_of_memory_ok and out_of_memory:  # train.py's line
         return False
-    if run.returncode:
-        lines = run.stdout.splitlines()
-        print('\n'.join(lines[-25:]), file=sys.stderr)
+    if status:
         # train.py's one-line error: printed by the rank, or
         # in torchrun's summary, whose root cause comes last
         root = next((i for i, line in enumerate(lines) if line.startswith('Root Cause')), 0)
         said = [line[line.index('train.py: '):] for line in lines[root:] + lines[:root]
                 if 'train.py: ' in line]
-        raise SystemExit(f"bench.py: node check: the {name} run failed with exit status {run.returncode} "
-                         f"({said[0] if said else 'its last lines are above'})")
+        raise SystemExit(f"bench.py: node check: the {name} run failed with exit status {status} "
+                         f"({said[0] if said else f'its output is above, each line headed [{name}]'})")
     print(f"  took {time.perf_counter() - began:.1f} s, start-up, any compiling and checkpoints included",
           flush=True)
     return True
@@ -195,22 +288,38 @@ def log_records(out_dir):
         return [json.loads(line) for line in f]
 
 
-def weight_gap(dir_a, dir_b):
-    """The largest difference between two runs' final weights."""
+def untimed_records(out_dir):
+    """A run's log without the fields that may differ between two runs of the same step."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log_records(out_dir)]
+
+
+def weight_distance(dir_a, dir_b):
+    """(root mean square, largest) difference between two runs' final weights, over every weight."""
     a, b = (torch.load(os.path.join(d, 'ckpt.pt'), map_location='cpu', mmap=True, weights_only=True)['model']
             for d in (dir_a, dir_b))
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    squares, count, largest = 0.0, 0, 0.0
+    for k in a:
+        if a[k].is_floating_point():
+            gap = a[k].double() - b[k].double()
+            squares, count = squares + gap.square().sum().item(), count + gap.numel()
+            largest = max(largest, gap.abs().max().item())
+    return (squares / count) ** 0.5, largest
+
+
+def same_run(dir_a, dir_b):
+    """Whether two runs ended alike, bit for bit: their logs (timing aside) and final weights."""
+    return untimed_records(dir_a) == untimed_records(dir_b) and weight_distance(dir_a, dir_b)[1] == 0
 
 
 def compare_resume(straight_dir, resumed_dir, stopped_at):
     """(verdict, a line on it) on whether the resumed run ended as the straight one. Both ran train.py's
     deterministic mode on the same batches, so their logs (timing aside) and weights are equal bit for bit:
-    True; False if they differ only from the stop on. None if they differ already in the steps both ran
-    before the stop: deterministic mode did not hold on this node (train.py lets an op that has no
+    True. False if they differ only from the stop on: a resume that loses state, or nondeterminism that
+    first shows after the stop (check_resume tells them apart). None if they differ already in the steps
+    both ran before the stop: deterministic mode did not hold on this node (train.py lets an op that has no
     deterministic kernel run, with a warning), and within_noise judges instead."""
-    straight, resumed = ([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log_records(d)]
-                         for d in (straight_dir, resumed_dir))
-    gap = weight_gap(straight_dir, resumed_dir)
+    straight, resumed = untimed_records(straight_dir), untimed_records(resumed_dir)
+    gap = weight_distance(straight_dir, resumed_dir)[1]
     first = next((a or b for a, b in itertools.zip_longest(straight, resumed, fillvalue={}) if a != b), None)
     if first is None and gap == 0:
         return True, (f"exact: stopped at step {stopped_at} and resumed, the run's log ({len(resumed)} "
@@ -229,38 +338,132 @@ def compare_resume(straight_dir, resumed_dir, stopped_at):
 
 def within_noise(straight_dir, again_dir, resumed_dir):
     """(passed, a line): where kernels add in no fixed order, the resumed run's distance from the straight
-    one against a second straight run's. Drift alone puts both about as far (the largest difference over
-    many weights varies little between runs); a resume that loses state (AdamW's moments, a step of the
-    schedule, a batch) moves weights by up to an AdamW step, about the learning rate. Weaker than bit for
-    bit: the bound is NOISE_FACTOR times the straight runs' distance, plus NOISE_FLOOR."""
-    noise, gap = weight_gap(straight_dir, again_dir), weight_gap(straight_dir, resumed_dir)
+    one against a second straight run's, as the root mean square over every weight. The largest difference
+    would not tell: a weight whose gradient is near zero may take AdamW's step (about the learning rate)
+    either way in two runs, drift alone; a resume that loses AdamW's moments changes every weight's step, by
+    a good part of the rate (the check runs at the config's full rate for this). Drift puts both runs about
+    as far; the bound is NOISE_FACTOR times the straight runs' distance, plus NOISE_FLOOR."""
+    (noise, noise_max), (gap, gap_max) = (weight_distance(straight_dir, d) for d in (again_dir, resumed_dir))
     bound = NOISE_FACTOR * noise + NOISE_FLOOR
     return gap <= bound, (f"{'within' if gap <= bound else 'NOT within'} the noise: the resumed run's final "
-                          f"weights differ from the straight run's by up to {gap:.3g}, a second straight "
-                          f"run's by {noise:.3g} (bound {NOISE_FACTOR} x that + {NOISE_FLOOR:g} = "
-                          f"{bound:.3g})")
+                          f"weights differ from the straight run's by {gap:.3g} (root mean square; up to "
+                          f"{gap_max:.3g}), a second straight run's by {noise:.3g} (up to {noise_max:.3g}); "
+                          f"bound {NOISE_FACTOR} x that + {NOISE_FLOOR:g} = {bound:.3g}")
+
+
+def check_resume(ranks, exact, exact_dir, resumed_dir, stopped_at):
+    """(passed, lines): compare_resume; where it finds the runs apart, a second deterministic straight run
+    says why. Apart only after the stop and the two straight runs bit for bit alike: the node is
+    deterministic, so the resume lost state, and that fails. Otherwise the node is not deterministic:
+    within_noise judges."""
+    passed, how = compare_resume(exact_dir, resumed_dir, stopped_at)
+    if passed:
+        return passed, [how]
+    print("resume: not bit for bit; a second deterministic straight run tells a node that is not "
+          "deterministic from a resume that lost state", flush=True)
+    again_dir = os.path.join('out', 'node_check', 'deterministic_again')
+    launch('deterministic again', ranks, [*exact, f'--out_dir={again_dir}', f'--max_iters={node_iters}',
+                                          '--overwrite=True'])
+    if passed is False and same_run(exact_dir, again_dir):
+        return False, [how, "a second deterministic straight run equals the first bit for bit: this node is "
+                            "deterministic, so the resumed run lost state (AdamW's moments, a step of the "
+                            "schedule, a batch, a seed)"]
+    passed, judged = within_noise(exact_dir, again_dir, resumed_dir)
+    return passed, [how, judged]
 
 
 def try_fit(ranks, precision):
-    """Whether fit_config trains on this node's GPUs at its own micro_batch_size: says so in a line."""
+    """fit_config's peak memory per GPU in GB, trained for FIT_STEPS steps on this node's GPUs at its own
+    micro_batch_size, or None if it ran out of memory. It saves no checkpoint (a 1.6B one is about 20 GB)."""
     fit_dir = os.path.join('out', 'node_check', 'fit')
-    estimate = memory_estimate(fit_config)
-    stated = f"; its header estimates {estimate['compiled']} GB compiled" if estimate else ""
     # batch_size sequences a rank, not the job's 1024 over the ranks: full micro-batches, fewer of them
     args = [fit_config, f'--dataset={NODE_DATA}', '--device=cuda', f'--dtype={precision}', '--log_interval=1',
             '--eval_iters=1', f'--eval_interval={FIT_STEPS}', f'--max_iters={FIT_STEPS}',
-            f'--gradient_accumulation_steps={ranks}', f'--out_dir={fit_dir}', '--overwrite=True']
-    fits = launch('fit', ranks, args, out_of_memory_ok=True)
-    if fits:
+            f'--gradient_accumulation_steps={ranks}', '--save_checkpoint=False', f'--out_dir={fit_dir}',
+            '--overwrite=True']
+    peak = None
+    if launch('fit', ranks, args, out_of_memory_ok=True):
         peak = max(r.get('peak_memory_gib', 0) for r in log_records(fit_dir)) * 2 ** 30 / 1e9
-        have = torch.cuda.get_device_properties(0).total_memory / 1e9  # every run has ended: no GPU is shared
-        print(f"fit: {fit_config} fits: peak {peak:.1f} GB of {have:.1f} GB per GPU in {FIT_STEPS} steps"
-              f"{stated}")
+    shutil.rmtree(fit_dir, ignore_errors=True)  # its log: nothing to keep
+    return peak
+
+
+def mfu_floor(gpu_name):
+    """(floor, where it comes from) for the MFU per GPU: min_mfu if set, else MFU_FLOORS's for this GPU
+    (gpu_name None: a CPU), else 0, none."""
+    if min_mfu is not None:
+        return min_mfu, "min_mfu" if min_mfu else "no floor (min_mfu=0)"
+    if gpu_name in MFU_FLOORS:
+        return MFU_FLOORS[gpu_name], f"MFU_FLOORS's for {gpu_name}"
+    return 0, ("no floor on a CPU (min_mfu sets one)" if gpu_name is None else
+               f"no floor for {gpu_name}, which MFU_FLOORS does not name (min_mfu sets one)")
+
+
+def memory_verdict(peak, estimate, stated, have):
+    """(line, failures) on the straight run's peak memory per GPU, peak GB (GPU only), against the estimate
+    (GB; None: none), which stated names, and the GPU's have GB."""
+    said, failures = [f"peak memory per GPU: {peak:.1f} GB"], []
+    if estimate:
+        ratio = peak / estimate
+        flag = (" (ABOVE it)" if ratio > 1 else f" (under {TOO_HIGH:g} x: the estimate is too high)"
+                if ratio < TOO_HIGH else "")
+        said.append(f"{ratio:.2f} x {stated}{flag}")
+        if ratio > max_memory_ratio:
+            failures.append(f"peak memory {peak:.1f} GB per GPU is {ratio:.2f} x the estimate of "
+                            f"{estimate:.3g} GB, above max_memory_ratio={max_memory_ratio:g}")
     else:
-        print(f"fit: {fit_config} does NOT fit: out of memory in its first steps; lower micro_batch_size in "
-              f"it (the step stays the same){stated}")
-    shutil.rmtree(fit_dir, ignore_errors=True)  # a 1.6B model's checkpoint is about 20 GB
-    return fits
+        said.append(stated)
+    share = peak / have
+    said.append(f"{share:.0%} of the GPU's {have:.1f} GB")
+    if share > max_memory_fraction:
+        failures.append(f"peak memory {peak:.1f} GB per GPU is {share:.0%} of the GPU's {have:.1f} GB, above "
+                        f"max_memory_fraction={max_memory_fraction:g}")
+    return ', '.join(said[:2]) + '; ' + said[2], failures
+
+
+def fit_verdict(peak, have):
+    """(line, failures) on try_fit's peak (GB; None: out of memory) against the GPU's have GB. GPU only."""
+    estimate = memory_estimate(fit_config)
+    stated = f"; its header estimates {estimate['compiled']} GB compiled" if estimate else ""
+    if peak is None:
+        return (f"fit: {fit_config} does NOT fit: out of memory in its first steps; lower micro_batch_size "
+                f"in it (the step stays the same){stated}", [f"{fit_config} does not fit: out of memory"])
+    share = peak / have
+    if estimate:
+        stated += f" ({peak / estimate['compiled']:.2f} x)"
+    if share > max_memory_fraction:
+        return (f"fit: {fit_config} peaks at {peak:.1f} GB of {have:.1f} GB per GPU ({share:.0%}), ABOVE "
+                f"max_memory_fraction={max_memory_fraction:g}{stated}",
+                [f"{fit_config} peaks at {peak:.1f} GB per GPU, {share:.0%} of the GPU's {have:.1f} GB, "
+                 f"above max_memory_fraction={max_memory_fraction:g}"])
+    return (f"fit: {fit_config} fits: peak {peak:.1f} GB of {have:.1f} GB per GPU ({share:.0%}) in "
+            f"{FIT_STEPS} steps{stated}", [])
+
+
+def run_settings():
+    """node_config's settings with train_args's applied, as train.py reads them (a str setting as typed)."""
+    settings = _read_config_file(node_config)
+    for arg in shlex.split(train_args):
+        key, _, text = arg.removeprefix('--').partition('=')
+        try:
+            settings[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            settings[key] = text
+    return settings
+
+
+def run_estimate(compiled):
+    """(GB, a phrase naming it) for the straight run: node_config's header estimate for the mode that ran;
+    where train_args change what it counts (the batch, the shape), memory_estimate_gb for the run's settings;
+    (None, a phrase) for a config whose header states none."""
+    mode, header = 'compiled' if compiled else 'eager', memory_estimate(node_config)
+    if not header:
+        return None, f"{node_config}'s header states no estimate"
+    computed = memory_estimate_gb(run_settings(), compiled)
+    if round(computed) == header[mode]:
+        return header[mode], f"{node_config}'s header estimate of {header[mode]} GB {mode}"
+    return computed, (f"memory_estimate_gb's {computed:.3g} GB {mode} for these train_args ({node_config}'s "
+                      f"header states {header[mode]} GB for its own)")
 
 
 def check_node():
@@ -275,6 +478,12 @@ def check_node():
                          f"the fit")
     if node_iters < 2:
         raise SystemExit(f"bench.py: node_iters={node_iters}; use 2 or more (a run stops halfway to resume)")
+    if run_timeout <= 0:
+        raise SystemExit(f"bench.py: run_timeout={run_timeout}; use seconds above 0")
+    if min(min_mfu or 0, min_tokens_per_sec) < 0 or max_memory_ratio <= 0 or not 0 < max_memory_fraction <= 1:
+        raise SystemExit(f"bench.py: min_mfu={min_mfu}, min_tokens_per_sec={min_tokens_per_sec}, "
+                         f"max_memory_ratio={max_memory_ratio}, max_memory_fraction={max_memory_fraction}; "
+                         f"use floors of 0 or more, a ratio above 0 and a fraction above 0, at most 1")
     if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
         raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
                          "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
@@ -294,7 +503,7 @@ def check_node():
     if gpus and ranks > gpus:
         raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, "
                          f"or 0 for all")
-    write_synthetic_data(os.path.join('data', NODE_DATA))
+    write_synthetic_data(os.path.join('data', NODE_DATA), run_settings())
     half = node_iters // 2
     straight_dir, exact_dir, resumed_dir = (os.path.join('out', 'node_check', name)
                                             for name in ('straight', 'deterministic', 'resumed'))
@@ -302,26 +511,43 @@ def check_node():
     # have the same best_val_loss there) and at the end
     common = [node_config, f'--dataset={NODE_DATA}', f'--device={kind}', f'--dtype={precision}',
               '--log_interval=1', '--eval_iters=1', f'--eval_interval={half}', *shlex.split(train_args)]
-    # deterministic mode's math attention keeps the T x T matrices on CUDA: a sequence a pass keeps them small
-    exact = [*common, '--deterministic=True', '--micro_batch_size=1']
+    # The resume is judged in deterministic mode at the config's learning_rate from the first step (no
+    # warm-up; a decay 100 times the run's length keeps the rate within 0.1% of it): a resume that loses
+    # AdamW's moments then changes every weight's step by a good part of the rate (6e-4 at 82M), where in
+    # the warm-up (step 5 of 120: 3e-5) its trace would be near drift's. Deterministic mode's math
+    # attention keeps the T x T matrices on CUDA: a sequence a pass keeps them small.
+    exact = [*common, '--deterministic=True', '--micro_batch_size=1', '--warmup_iters=0',
+             f'--lr_decay_iters={100 * node_iters}']
     print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
           f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
           flush=True)
-    # speed and memory as the job runs; the resume compared in deterministic mode, which is slower
-    launch('straight', ranks, [*common, f'--out_dir={straight_dir}', f'--max_iters={node_iters}',
-                               '--overwrite=True'])
+    # speed and memory as the job runs, with no checkpoint to write; the resume compared in deterministic
+    # mode, which is slower
+    launch('straight', ranks, [*common, '--save_checkpoint=False', f'--out_dir={straight_dir}',
+                               f'--max_iters={node_iters}', '--overwrite=True'])
     launch('deterministic', ranks, [*exact, f'--out_dir={exact_dir}', f'--max_iters={node_iters}',
                                     '--overwrite=True'])
     launch('first half', ranks, [*exact, f'--out_dir={resumed_dir}', f'--max_iters={half}',
                                  '--overwrite=True'])
     launch('resumed', ranks, [*exact, f'--out_dir={resumed_dir}', f'--max_iters={node_iters}',
                               '--init_from=resume'])
+    resumed, resume_lines = check_resume(ranks, exact, exact_dir, resumed_dir, half)
+    fit_peak = try_fit(ranks, precision) if fit_config and gpus else None
+    # GPU only: asked once every run has ended, so that this process holds no GPU memory while they run
+    gpu = torch.cuda.get_device_properties(0) if gpus else None  # rank 0's, whose peak the log holds
 
+    failures = []  # each a line's worth: what was measured, and the threshold it passed
     steps = [r for r in log_records(straight_dir) if 'train_loss' in r]
     speed = statistics.median(r['tokens_per_sec'] for r in steps)
+    floor = ""
+    if min_tokens_per_sec:
+        floor = f"; {'BELOW' if speed / ranks < min_tokens_per_sec else 'above'} min_tokens_per_sec"
+        if speed / ranks < min_tokens_per_sec:
+            failures.append(f"{speed / ranks:,.0f} tokens/s per rank, below min_tokens_per_sec="
+                            f"{min_tokens_per_sec:,.0f}")
     print(f"tokens/s: {speed:,.0f} for the job, {speed / ranks:,.0f} per rank (median of the straight run's "
-          f"{len(steps)} steps)")
-    model_args = torch.load(os.path.join(straight_dir, 'ckpt.pt'), map_location='cpu', mmap=True,
+          f"{len(steps)} steps){floor}")
+    model_args = torch.load(os.path.join(exact_dir, 'ckpt.pt'), map_location='cpu', mmap=True,  # same model
                             weights_only=True)['model_args']
     with torch.device('meta'):
         model = GPT(GPTConfig(**model_args))
@@ -329,41 +555,45 @@ def check_node():
                   for causal in (True, False))
     print(f"model FLOP/s per GPU: {ours:.3g} TFLOP/s counting causal attention's half of the T x T matrices "
           f"(ours), {palm:.3g} TFLOP/s counting all of them (PaLM's and nanoGPT's)")
+    floor, source = mfu_floor(gpu.name if gpu else None)
     if 'mfu' in steps[0]:
-        print(f"MFU per GPU: {100 * statistics.median(r['mfu'] for r in steps):.1f}% (ours), "
-              f"{100 * statistics.median(r['mfu_palm'] for r in steps):.1f}% (PaLM's)")
+        mfu = statistics.median(r['mfu'] for r in steps)
+        mfu_palm = statistics.median(r['mfu_palm'] for r in steps)
+        verdict = (f"floor {100 * floor:g}% ({source}): {'BELOW it' if mfu < floor else 'passed'}" if floor
+                   else source)
+        print(f"MFU per GPU: {100 * mfu:.1f}% (ours), {100 * mfu_palm:.1f}% (PaLM's); {verdict}")
+        if mfu < floor:
+            failures.append(f"MFU {100 * mfu:.1f}% per GPU (ours), below the floor of {100 * floor:g}% "
+                            f"({source})")
     else:
         print("MFU per GPU: none, train.py knows no peak FLOP/s for this device (metrics.PEAK_TFLOPS); give "
-              "one GPU's dense bf16 TFLOP/s with --train_args='--peak_tflops=...'")
+              f"one GPU's dense bf16 TFLOP/s with --train_args='--peak_tflops=...'; {source}")
+        if floor:
+            failures.append(f"no MFU to hold to the floor of {100 * floor:g}% ({source}): give a peak with "
+                            f"--train_args='--peak_tflops=...'")
     # train.py compiles on CUDA unless told otherwise
-    compiled = next((arg == '--compile=True' for arg in reversed(shlex.split(train_args))
-                     if arg.startswith('--compile=')), kind == 'cuda')
-    mode, estimate = 'compiled' if compiled else 'eager', memory_estimate(node_config)
-    stated = (f"{node_config}'s header estimates about {estimate[mode]} GB {mode}" if estimate
-              else f"{node_config}'s header states no estimate")
-    if 'peak_memory_gib' in steps[0]:
-        peak_gb = max(r['peak_memory_gib'] for r in steps) * 2 ** 30 / 1e9
-        above = "" if not estimate else ", ABOVE it" if peak_gb > ABOVE * estimate[mode] else ", within it"
-        print(f"peak memory per GPU: {peak_gb:.1f} GB; {stated}{above}")
+    compiled = run_settings().get('compile')
+    estimate, stated = run_estimate(kind == 'cuda' if compiled is None else compiled)
+    if gpu and 'peak_memory_gib' in steps[0]:  # GPU only
+        line, failed = memory_verdict(max(r['peak_memory_gib'] for r in steps) * 2 ** 30 / 1e9, estimate,
+                                      stated, gpu.total_memory / 1e9)
+        print(line)
+        failures += failed
     else:
-        why = 'not in log.jsonl' if gpus else 'CUDA only'
-        print(f"peak memory per GPU: not measured ({why}); {stated}")
-    passed, how = compare_resume(exact_dir, resumed_dir, half)
-    if passed is None:  # two deterministic runs apart already: how far apart does noise alone put them?
-        print(f"resume: {how}", flush=True)
-        again_dir = os.path.join('out', 'node_check', 'deterministic_again')
-        launch('deterministic again', ranks, [*exact, f'--out_dir={again_dir}', f'--max_iters={node_iters}',
-                                              '--overwrite=True'])
-        passed, how = within_noise(exact_dir, again_dir, resumed_dir)
-    print(f"resume: {how}")
-    if not passed:
-        raise SystemExit("bench.py: node check failed: a resumed run does not continue exactly (line above)")
-    if fit_config and gpus:
-        if not try_fit(ranks, precision):
-            raise SystemExit(f"bench.py: node check failed: {fit_config} does not fit (line above)")
+        print(f"peak memory per GPU: not measured ({'not in log.jsonl' if gpus else 'CUDA only'}); {stated}")
+    for line in resume_lines:
+        print(f"resume: {line}")
+    if not resumed:
+        failures.append("the resumed run does not continue the straight one (the resume lines above)")
+    if fit_config and gpus:  # GPU only
+        line, failed = fit_verdict(fit_peak, gpu.total_memory / 1e9)
+        print(line)
+        failures += failed
     else:
         print(f"fit: not tried ({'CUDA only' if fit_config else 'fit_config is empty'})")
-    print(f"node check passed (logs and checkpoints: {straight_dir}, {exact_dir}, {resumed_dir})")
+    if failures:
+        raise SystemExit(f"bench.py: node check failed: {'; '.join(failures)}")
+    print(f"node check passed (logs: {straight_dir}, {exact_dir}, {resumed_dir}; a ckpt.pt in the last two)")
 
 
 if node_check:

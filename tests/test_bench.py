@@ -6,8 +6,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +50,10 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
     # the node check's and the estimate check's, each under a heading of their own
     assert settings[25][0] == "--train_args=''" and settings[-1][0] == '--estimate_iters=100'
-    assert len(settings) == 30 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert [words[0] for words in settings[27:32]] == [  # the node check's thresholds, after fit_config
+        '--run_timeout=1800', '--min_mfu=None', '--min_tokens_per_sec=0.0', '--max_memory_ratio=1.0',
+        '--max_memory_fraction=0.9']
+    assert len(settings) == 35 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [
@@ -146,10 +152,9 @@ TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8
               '--gradient_accumulation_steps=1')
 
 
-def node_check(cwd, train_args):
-    return subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), *NODE_CHECK,
-                           f'--train_args={train_args}'], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+def node_check(cwd, train_args, *more, bench=os.path.join(HERE, 'lab', 'bench.py')):
+    return subprocess.run([sys.executable, bench, *NODE_CHECK, f'--train_args={train_args}', *more], cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope='module')
@@ -182,10 +187,26 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
     launched = [line for line in lines if torchrun in line]
     assert [line.split(' run:')[0] for line in launched] == ['straight', 'deterministic', 'first half',
                                                              'resumed']
-    assert '--deterministic' not in launched[0]  # speed and memory as the job runs
-    exact = ' --deterministic=True --micro_batch_size=1 --out_dir=out/node_check/'
+    # speed and memory as the job runs, and no checkpoint, which nothing reads
+    assert '--deterministic' not in launched[0] and ' --save_checkpoint=False ' in launched[0]
+    # the resume at the config's full rate (6e-4) from the first step, with the checkpoints it compares
+    exact = (' --deterministic=True --micro_batch_size=1 --warmup_iters=0 --lr_decay_iters=400 '
+             '--out_dir=out/node_check/')
     assert launched[1].endswith(f'{exact}deterministic --max_iters=4 --overwrite=True')
     assert launched[3].endswith(f'{exact}resumed --max_iters=4 --init_from=resume')
+    assert all('--save_checkpoint' not in line for line in launched[1:])
+    runs = tmp_path / 'out' / 'node_check'
+    assert sorted(os.listdir(runs / 'straight')) == ['.lock', 'log.jsonl']  # the lock file stays
+    rates = [r['lr'] for name in ('deterministic', 'resumed')
+             for r in bench_globals()['log_records'](runs / name) if 'lr' in r]
+    assert len(rates) == 8 and all(abs(lr - 6e-4) < 6e-7 for lr in rates)
+    # each run's output streamed to stderr as it came, each line headed with its run's name, in run order
+    streamed = [line for line in run.stderr.splitlines() if line.startswith('[')]
+    heads = [line[1:line.index(']')] for line in streamed]
+    assert heads == sorted(heads, key=['straight', 'deterministic', 'first half', 'resumed'].index)
+    for name in ('straight', 'deterministic', 'resumed'):
+        assert any(line.startswith(f'[{name}] step 4: loss ') for line in streamed), name
+    assert not any(line.startswith('[') for line in lines)  # stdout: the check's own lines
     job, per_rank = (float(n.replace(',', '')) for n in re.fullmatch(
         r"tokens/s: ([\d,]+) for the job, ([\d,]+) per rank \(median of the straight run's 4 steps\)",
         next(line for line in lines if line.startswith('tokens/s'))).groups())
@@ -196,29 +217,40 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
         r"model FLOP/s per GPU: (\S+) TFLOP/s counting causal attention's half of the T x T matrices "
         r"\(ours\), (\S+) TFLOP/s counting all of them \(PaLM's and nanoGPT's\)",
         next(line for line in lines if line.startswith('model FLOP/s'))).groups())
-    mfu, mfu_palm = map(float, re.fullmatch(r"MFU per GPU: (\d+\.\d)% \(ours\), (\d+\.\d)% \(PaLM's\)",
-                                            next(line for line in lines if line.startswith('MFU'))).groups())
+    mfu, mfu_palm = map(float, re.fullmatch(
+        r"MFU per GPU: (\d+\.\d)% \(ours\), (\d+\.\d)% \(PaLM's\); no floor on a CPU \(min_mfu sets one\)",
+        next(line for line in lines if line.startswith('MFU'))).groups())
     assert 0 < ours <= palm and 0 < mfu <= mfu_palm
-    # no GPU, no peak memory; the config header's estimate for the mode that ran (eager, on a CPU)
-    assert (f"peak memory per GPU: not measured (CUDA only); {HERE}/config/resformer_82m.py's header "
-            f"estimates about 56 GB eager") in lines
+    # no GPU, no peak memory; the estimate for the mode that ran (eager, on a CPU), at the tiny shape
+    estimate = next(line for line in lines if line.startswith('peak memory'))
+    assert re.fullmatch(rf"peak memory per GPU: not measured \(CUDA only\); memory_estimate_gb's \S+ GB "
+                        rf"eager for these train_args \({HERE}/config/resformer_82m.py's header states 56 GB "
+                        rf"for its own\)", estimate), estimate
     assert lines[-3].startswith("resume: exact: stopped at step 2 and resumed, the run's log (7 records) and")
     assert lines[-2] == 'fit: not tried (fit_config is empty)'
     assert lines[-1].startswith('node check passed')
     # what it wrote: data that prepare.py's reader accepts, and two deterministic runs that ended alike
     meta = load_meta(tmp_path / 'data' / 'node_check')
-    assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) > 65536
-    straight, resumed = (torch.load(tmp_path / 'out' / 'node_check' / name / 'ckpt.pt', weights_only=True)
+    # the validation split: 16 of the run's batches (8 x 64 tokens), and one token for the last target
+    assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) == 8193
+    straight, resumed = (torch.load(runs / name / 'ckpt.pt', weights_only=True)
                          for name in ('deterministic', 'resumed'))
     assert straight['iter_num'] == resumed['iter_num'] == 4
     assert straight['model'].keys() == resumed['model'].keys()
     assert all(torch.equal(straight['model'][k], resumed['model'][k]) for k in straight['model'])
+    # a true resume passes both verdicts: bit for bit, and (as a node that is not deterministic would judge
+    # it) within the noise, here none
+    bench = bench_globals()
+    assert bench['compare_resume'](runs / 'deterministic', runs / 'resumed', 2)[0] is True
+    assert bench['within_noise'](runs / 'deterministic', runs / 'deterministic', runs / 'resumed')[0] is True
 
 
 def nudge(run_dir, by):
-    """Add `by` to one weight of the run's final checkpoint."""
+    """Add `by` to every final weight of the run's checkpoint: their root mean square difference is by."""
     checkpoint = torch.load(run_dir / 'ckpt.pt', weights_only=True)
-    next(t for t in checkpoint['model'].values() if t.is_floating_point()).view(-1)[0] += by
+    for weight in checkpoint['model'].values():
+        if weight.is_floating_point():
+            weight += by
     torch.save(checkpoint, run_dir / 'ckpt.pt')
 
 
@@ -231,13 +263,15 @@ def test_a_resumed_run_whose_weights_differ_fails_and_within_the_noise_up_to_the
     passed, how = bench['compare_resume'](straight, resumed, 2)
     assert passed is False and how.startswith(
         'NOT exact: the runs agree up to the stop at step 2, the resumed one differs in the final weights')
+    assert not bench['same_run'](straight, resumed) and bench['same_run'](straight, straight)
     # where deterministic mode does not hold: a second straight run 1e-3 away allows 2 x 1e-3 + 1e-6
     shutil.copytree(straight, again)
     nudge(again, 1e-3)
     assert bench['within_noise'](straight, again, resumed)[0] is True
     nudge(resumed, 2e-3)
     passed, how = bench['within_noise'](straight, again, resumed)
-    assert passed is False and how.startswith("NOT within the noise: the resumed run's final weights differ")
+    assert passed is False and how.startswith("NOT within the noise: the resumed run's final weights differ "
+                                              "from the straight run's by 0.003 (root mean square; up to")
 
 
 def test_a_run_out_of_memory_is_what_the_fit_reports_rather_than_a_failed_run(tmp_path, monkeypatch):
@@ -249,10 +283,194 @@ def test_a_run_out_of_memory_is_what_the_fit_reports_rather_than_a_failed_run(tm
     limited.chmod(0o755)
     monkeypatch.setattr(sys, 'executable', str(limited))
     monkeypatch.chdir(tmp_path)
-    bench['write_synthetic_data'](os.path.join('data', 'node_check'))
+    bench['write_synthetic_data'](os.path.join('data', 'node_check'), {})
     assert bench['launch']('fit', 1, ['--dataset=node_check', '--device=cpu', '--n_embd=200000',
                                       '--out_dir=out/fit'], out_of_memory_ok=True) is False
     assert not (tmp_path / 'out' / 'fit').exists()
+
+
+# A stand-in for torchrun: it starts a "rank" in a session of its own, as torchrun does, says so, and waits
+FAKE_TORCHRUN = """
+import subprocess, sys, time
+rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)
+print(rank.pid)
+print('waiting', end='\\r')
+print('for ever')
+time.sleep(600)
+"""
+
+
+def gone(pid, wait=10):
+    """Whether process pid ends (or is left a zombie) within wait seconds."""
+    for _ in range(int(wait / 0.1)):
+        try:
+            if Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z':
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_run_streams_each_line_as_it_comes_and_past_its_timeout_is_killed_ranks_and_all(capfd):
+    bench = bench_globals()
+    capfd.readouterr()  # bench.py's Overriding lines, when this test is the first to read it
+    began = time.monotonic()
+    with pytest.raises(SystemExit) as stop:
+        bench['stream']('fake', [sys.executable, '-c', FAKE_TORCHRUN], 5)
+    assert str(stop.value) == ("bench.py: node check: the fake run did not end within run_timeout=5 s (a "
+                               "hung rank or collective?); killed it and its ranks")
+    assert time.monotonic() - began < 60
+    streamed = capfd.readouterr().err.splitlines()  # before the run ended, which it never did
+    assert streamed[1:] == ['[fake] waiting', '[fake] for ever']  # a '\r' (tqdm's) ends a line too
+    assert gone(int(streamed[0].removeprefix('[fake] ')))  # the rank, in a session of its own
+    # a run that ends: its exit status and lines, also when its last line has no newline
+    assert bench['stream']('ends', [sys.executable, '-c', "print('one'); print('two', end='')"], 60) == (
+        0, ['one', 'two'])
+    assert capfd.readouterr().err.splitlines() == ['[ends] one', '[ends] two']
+
+
+def test_ctrl_c_during_a_run_kills_it_ranks_and_all_and_ends_in_one_line(capfd):
+    bench = bench_globals()
+    threading.Timer(5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, while stream waits
+    with pytest.raises(SystemExit) as stop:
+        bench['stream']('fake', [sys.executable, '-c', FAKE_TORCHRUN], 60)
+    assert str(stop.value) == "bench.py: node check interrupted; killed the fake run and its ranks"
+    rank = next(line for line in capfd.readouterr().err.splitlines() if line.removeprefix('[fake] ').isdigit())
+    assert gone(int(rank.removeprefix('[fake] ')))
+
+
+def processes_in(folder):
+    """The processes whose working folder is folder or under it (Linux's /proc)."""
+    found = []
+    for cwd in Path('/proc').glob('[0-9]*/cwd'):
+        try:
+            if Path(os.readlink(cwd)).is_relative_to(folder):
+                found.append(cwd.parent.name)
+        except OSError:
+            continue  # ended meanwhile, or a zombie
+    return found
+
+
+def test_node_check_kills_a_run_past_run_timeout_with_its_ranks_and_names_it_in_its_last_line(tmp_path):
+    # 5,000 steps, far more than 30 s
+    run = node_check(tmp_path, TINY_SHAPE, '--node_iters=5000', '--run_timeout=30')
+    assert run.returncode == 1 and run.stderr.splitlines()[-1] == (
+        "bench.py: node check: the straight run did not end within run_timeout=30 s (a hung rank or "
+        "collective?); killed it and its ranks")
+    assert run.stdout.splitlines()[-1].startswith('straight run: ')  # no wall time: it never ended
+    assert all(line.startswith('[straight] ') for line in run.stderr.splitlines()[:-1] if line.strip()
+               and not line.startswith('Overriding: '))  # bench.py's own settings, then the run's lines
+    for _ in range(100):  # torchrun and both ranks, each in a session of its own, and their workers
+        if not processes_in(tmp_path):
+            break
+        time.sleep(0.1)
+    assert processes_in(tmp_path) == []
+
+
+def test_node_check_fails_past_its_thresholds_and_on_a_resume_that_drops_the_optimizer_state(tmp_path):
+    """A copy of the code whose --init_from=resume keeps the fresh optimizer (AdamW's moments lost, its step
+    count at 0), checked with floors no CPU reaches. The first step after the stop then moves each weight
+    by about the rate, 6e-4, in the sign of its gradient: the logs part at step 4, the weights differ, and a
+    second straight run, bit for bit the first on this deterministic CPU, tells a lost state from noise."""
+    code = tmp_path / 'code'
+    for name in ('vrl', 'lab', 'config'):
+        shutil.copytree(Path(HERE, name), code / name, ignore=shutil.ignore_patterns('__pycache__'))
+    for name in ('train.py', 'model.py', 'configurator.py'):
+        shutil.copy(Path(HERE, name), code / name)
+    train = (code / 'train.py').read_text()
+    load = 'run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)'
+    assert train.count(load) == 1
+    (code / 'train.py').write_text(train.replace(load, 'pass  # a resume that loses the optimizer state'))
+    (tmp_path / 'run').mkdir()
+    run = node_check(tmp_path / 'run', f'{TINY_SHAPE} --peak_tflops=1', '--min_tokens_per_sec=1e9',
+                     '--min_mfu=0.99', f'--node_config={code}/config/resformer_82m.py',
+                     bench=code / 'lab' / 'bench.py')
+    assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stdout + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert [line.split(' run:')[0] for line in lines if ' run: python ' in line] == [
+        'straight', 'deterministic', 'first half', 'resumed', 'deterministic again']
+    said = {line.split(':')[0]: line for line in lines}
+    assert re.fullmatch(r"tokens/s: [\d,]+ for the job, [\d,]+ per rank \(median of the straight run's 4 "
+                        r"steps\); BELOW min_tokens_per_sec", said['tokens/s'])
+    assert re.fullmatch(r"MFU per GPU: \d+\.\d% \(ours\), \d+\.\d% \(PaLM's\); floor 99% \(min_mfu\): "
+                        r"BELOW it", said['MFU per GPU'])
+    resume = [line for line in lines if line.startswith('resume: ')]
+    assert resume[0].startswith('resume: not bit for bit; a second deterministic straight run')
+    assert resume[1].startswith('resume: NOT exact: the runs agree up to the stop at step 2, the resumed one '
+                                'differs from step 4; the final weights differ by up to ')
+    assert resume[2].startswith('resume: a second deterministic straight run equals the first bit for bit: '
+                                'this node is deterministic, so the resumed run lost state')
+    # one line: each failure, with what was measured and the threshold it passed
+    assert re.fullmatch(r"bench\.py: node check failed: [\d,]+ tokens/s per rank, below min_tokens_per_sec="
+                        r"1,000,000,000; MFU \d+\.\d% per GPU \(ours\), below the floor of 99% \(min_mfu\); "
+                        r"the resumed run does not continue the straight one \(the resume lines above\)",
+                        run.stderr.splitlines()[-1]), run.stderr.splitlines()[-1]
+    # both verdicts fail it: bit for bit, and against the noise of two straight runs (none here)
+    bench, runs = bench_globals(), tmp_path / 'run' / 'out' / 'node_check'
+    straight, again, resumed = runs / 'deterministic', runs / 'deterministic_again', runs / 'resumed'
+    assert bench['compare_resume'](straight, resumed, 2)[0] is False
+    passed, how = bench['within_noise'](straight, again, resumed)
+    assert passed is False and float(re.search(r"straight run's by (\S+) \(root mean square", how)[1]) > 1e-5
+
+
+def test_the_memory_verdicts_fail_past_their_thresholds_in_one_line_each(monkeypatch):
+    """GPU only in the check (no peak memory on a CPU): here with made-up numbers."""
+    bench = bench_globals()
+    stated = "x.py's header estimate of 20 GB compiled"
+    verdict = bench['memory_verdict']
+    assert verdict(19.0, 20, stated, 143.8) == (
+        f"peak memory per GPU: 19.0 GB, 0.95 x {stated}; 13% of the GPU's 143.8 GB", [])
+    assert verdict(10.0, 20, stated, 143.8) == (  # flagged, not failed: the estimate is too high
+        f"peak memory per GPU: 10.0 GB, 0.50 x {stated} (under 0.7 x: the estimate is too high); 7% of the "
+        f"GPU's 143.8 GB", [])
+    assert verdict(23.0, 20, stated, 80) == (
+        f"peak memory per GPU: 23.0 GB, 1.15 x {stated} (ABOVE it); 29% of the GPU's 80.0 GB",
+        ["peak memory 23.0 GB per GPU is 1.15 x the estimate of 20 GB, above max_memory_ratio=1"])
+    assert verdict(75.0, 100, stated, 80)[1] == [
+        "peak memory 75.0 GB per GPU is 94% of the GPU's 80.0 GB, above max_memory_fraction=0.9"]
+    assert verdict(75.0, None, "x.py's header states no estimate", 80)[0] == (
+        "peak memory per GPU: 75.0 GB, x.py's header states no estimate; 94% of the GPU's 80.0 GB")
+    monkeypatch.setitem(bench, 'max_memory_ratio', 1.2)
+    assert verdict(23.0, 20, stated, 80)[1] == []  # still marked ABOVE the estimate
+    monkeypatch.setitem(bench, 'fit_config', f'{HERE}/config/resformer_1b6.py')
+    fit = f'fit: {HERE}/config/resformer_1b6.py'
+    assert bench['fit_verdict'](40.0, 80) == (
+        f"{fit} fits: peak 40.0 GB of 80.0 GB per GPU (50%) in 3 steps; its header estimates 47 GB compiled "
+        f"(0.85 x)", [])
+    line, failed = bench['fit_verdict'](76.0, 80)
+    assert line.startswith(f"{fit} peaks at 76.0 GB of 80.0 GB per GPU (95%), ABOVE max_memory_fraction=0.9")
+    assert failed == [f"{HERE}/config/resformer_1b6.py peaks at 76.0 GB per GPU, 95% of the GPU's 80.0 GB, "
+                      f"above max_memory_fraction=0.9"]
+    assert bench['fit_verdict'](None, 80)[1] == [f"{HERE}/config/resformer_1b6.py does not fit: out of "
+                                                 f"memory"]
+
+
+def test_the_mfu_floor_is_the_gpus_from_mfu_floors_or_min_mfus_and_none_on_a_cpu(monkeypatch):
+    bench = bench_globals()
+    floor = bench['mfu_floor']
+    assert floor('NVIDIA H100 80GB HBM3') == (0.15, "MFU_FLOORS's for NVIDIA H100 80GB HBM3")
+    assert floor('NVIDIA A100-SXM4-80GB')[0] == 0.2 and floor('NVIDIA H200')[0] == 0.15
+    assert floor(None) == (0, 'no floor on a CPU (min_mfu sets one)')
+    assert floor('NVIDIA H800') == (0, 'no floor for NVIDIA H800, which MFU_FLOORS does not name (min_mfu '
+                                       'sets one)')
+    assert set(bench['MFU_FLOORS']) <= set(bench['metrics'].PEAK_TFLOPS)  # a GPU with a floor has an MFU
+    monkeypatch.setitem(bench, 'min_mfu', 0.3)
+    assert floor('NVIDIA H100 80GB HBM3') == floor(None) == (0.3, 'min_mfu')
+    monkeypatch.setitem(bench, 'min_mfu', 0)
+    assert floor('NVIDIA H100 80GB HBM3') == (0, 'no floor (min_mfu=0)')
+
+
+def test_the_runs_estimate_is_the_headers_unless_train_args_change_what_it_counts(monkeypatch):
+    bench = bench_globals()
+    config = f'{HERE}/config/resformer_82m.py'
+    monkeypatch.setitem(bench, 'node_config', config)
+    monkeypatch.setitem(bench, 'train_args', '--compile=True --peak_tflops=989')
+    assert bench['run_estimate'](True) == (19, f"{config}'s header estimate of 19 GB compiled")
+    monkeypatch.setitem(bench, 'train_args', '--micro_batch_size=16 --variant=vanilla')
+    estimate, stated = bench['run_estimate'](True)
+    assert 5 < estimate < 15 and stated == (f"memory_estimate_gb's {estimate:.3g} GB compiled for these "
+                                            f"train_args ({config}'s header states 19 GB for its own)")
 
 
 def test_every_full_scale_configs_header_states_the_memory_bench_computes_for_it():
@@ -286,6 +504,11 @@ def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
     (['--device=cpu', '--nproc=-1'], "bench.py: nproc=-1; use 1 or more ranks, or 0 for one per GPU"),
     (['--device=cpu', '--node_iters=1'], "bench.py: node_iters=1; use 2 or more (a run stops halfway to "
                                          "resume)"),
+    (['--device=cpu', '--run_timeout=0'], "bench.py: run_timeout=0; use seconds above 0"),
+    (['--device=cpu', '--max_memory_fraction=1.5'], "bench.py: min_mfu=None, min_tokens_per_sec=0.0, "
+                                                    "max_memory_ratio=1.0, max_memory_fraction=1.5; use floors "
+                                                    "of 0 or more, a ratio above 0 and a fraction above 0, at "
+                                                    "most 1"),
     (['--device=cpu', '--node_config=nope.py'], "bench.py: node_config='nope.py' not found; name a config "
                                                 "file, e.g. config/resformer_82m.py"),
     (['--device=cpu', '--fit_config=nope.py'], "bench.py: fit_config='nope.py' not found; name a config "
