@@ -9,6 +9,8 @@ the attention values: every layer n > 1 mixes layer 1's values V1 into its own b
 λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
 then have no value projection (and cache no values). Part one is the paper, down to a marked line;
 part two, the ablations, the baselines and the config checks. The paper's layer n is blocks[n - 1].
+Citations name the paper's version: ICLR (the ICLR 2025 text, OpenReview kn3GT7LbxT) or v5 (arXiv
+v5, the ACL 2025 version, second-hand). ResFormer is ICLR Eqn. 7; its Eqn. 2, cross-layer attention.
 """
 
 import math
@@ -58,13 +60,14 @@ class GPTConfig:
     """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ·softmax(λ')_n)"""
     value_rescale: bool = False
     """Post-residual rescaling, our reading of the paper: V'_n / (λ_{n,1} + λ_{n,2})."""
-    # --- part two: the ablations (the paper's Sec. 4.4), baselines, values from outside the paper
+    # --- part two: the ablations (v5 Sec. 4.4, ICLR 4.3), baselines, values from outside the paper
     residual_source: int = 0
     """The layer later layers mix in (0-based): 0 = V1 (the paper), 1 = V2; H_s under 'hidden'."""
     residual_type: str = 'value'
     """What λ mixes: 'value' (ResFormer), 'query', 'key', 'attention' (A itself) or 'hidden'."""
     value_mapping: str = 'current'
-    """Which attention maps V1: 'current' (A_n, ResFormer), 'first' (A_1) or 'identity' (none)."""
+    """How V1 is mapped: 'current' (A_n, ResFormer), 'first' (A_1), 'identity' (ICLR Eqn. 6: none,
+    and every earlier layer's values, averaged, instead of V1)."""
     h0_residual: bool = True
     """False drops block 1's residual connection of H0 (the embedding)."""
     neutreno_lambda: float = 0.0
@@ -452,7 +455,7 @@ class KVCache:
 
 
 # ==================================================================================================
-# Part two: the ablations (Sec. 4.4 of the latest version, 4.3 of the ICLR text), the baselines and
+# Part two: the ablations (v5 Sec. 4.4; Sec. 4.3 of the ICLR text), the baselines and
 # values from outside the paper, for a config that sets one of GPTConfig's part-two fields; then the
 # checks behind GPTConfig's one-line errors. With none set, AblationGPT computes what GPT does.
 #   residual_source  the layer s later layers take the residual from: 0 = V1, 1 = V2; the layers up

@@ -88,9 +88,9 @@ DEPTH = {'cpu': dict(n_layer=8, max_iters=1200, lr_decay_iters=1200, warmup_iter
 DEPTH_VARIANTS = ['vanilla', 'resformer_identity', 'resformer_sparse', 'resformer_learnable',
                   'resformer_learnable_plus', 'svformer', 'neutreno']
 # Is ResFormer's gain only a faster-learning layer 1, or V1 itself without attention? At the paper's depth:
-# a Transformer whose layer-1 W_V and W_O train faster (the paper's Sec. 4.3 control): at 2x and 1.5x, the
-# gradient-norm ratios Sec. 4.3 reports for ResFormer's layer-1 W_V and W_O, and at 2x/2x and 4x/4x; and the
-# earlier layers' values added unattended (value_mapping='identity', ICLR Eqn. 6's identity mapping), paired
+# a Transformer whose layer-1 W_V and W_O train faster (v5 Sec. 4.3's control): at 2x and 1.5x, the
+# gradient-norm ratios v5 Sec. 4.3 reports for ResFormer's layer-1 W_V and W_O, and at 2x/2x and 4x/4x; and
+# the earlier layers' values added unattended (value_mapping='identity', ICLR Eqn. 6's identity mapping), paired
 # with the depth suite's Transformer.
 LAYER1 = ('blocks.0.attn.c_v.weight', 'blocks.0.attn.c_proj.weight')
 CONTROL_LR_SCALES = ((2.0, 2.0), (4.0, 4.0), (2.0, 1.5))  # (W_V's multiplier, W_O's)
@@ -724,7 +724,7 @@ def scaling_rows(groups):
 
 
 def grad_rows(groups):
-    """Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, each group against its Transformer."""
+    """v5 Sec. 4.3: mean gradient norms of layer 1's W_V and of W_O, each group against its Transformer."""
     def norms(group, key):
         values = [sum(v for k, v in r['mean_grad_norms'].items() if key(k))
                   / sum(1 for k in r['mean_grad_norms'] if key(k))
@@ -746,7 +746,7 @@ def grad_rows(groups):
         rows.append(f"| {label} | " + ' | '.join(ratios) + ' |')
     return ['', "Gradient norms before clipping: this group's / the Transformer's, averaged over seeds and "
             "over every logged step (every log_interval steps), then over the first and the last quarter of "
-            "those steps alone (the paper's Sec. 4.3: about 2× for layer 1's W_V and 1.5× for W_O).", '',
+            "those steps alone (v5 Sec. 4.3: about 2× for layer 1's W_V and 1.5× for W_O).", '',
             "| group | layer 1 W_V | layer 1 W_O | W_O, mean over layers | W_V, first quarter | "
             "W_V, last quarter | W_O, first quarter | W_O, last quarter |",
             '|---|---|---|---|---|---|---|---|'] + rows
