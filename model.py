@@ -85,8 +85,10 @@ class GPTConfig:
         resolve_config(self)  # part two: defaults, the named variant's flags, one-line errors
 
 
-# The named variants: each sets these flags (the others keep their defaults), its λ rows come from
-# variant_lambdas, right below. NeuTRENO, DenseFormer and the K/V sharing are the paper's baselines.
+# The named variants: each sets these flags (the others keep their defaults), and
+# GPTConfig.__post_init__ (resolve_config, part two) fills config.lambdas with variant_lambdas's
+# rows, right below. NeuTRENO, DenseFormer and the K/V sharing are the paper's baselines, built by
+# part two's AblationGPT.
 VARIANTS = {
     'vanilla': {}, 'resformer_identity': dict(value_residual=True),
     'resformer_constant': dict(value_residual=True), 'resformer_sparse': dict(value_residual=True),
@@ -100,8 +102,8 @@ VARIANTS = {
 
 
 def variant_lambdas(variant, n_layer, source=0):
-    """The λ table of a value-residual variant: n_layer rows (weight on V1, weight on V_n), the rows
-    up to the source layer (layer 1; part two's residual_source moves it) (0, 1)."""
+    """The λ table of a value-residual variant: n_layer rows (weight on V1, weight on V_n).
+    Rows 0 to source (layer 1, or part two's residual_source) are (0, 1): they mix in nothing."""
     later = range(source + 1, n_layer)
     if variant in ('resformer_identity', 'resformer_learnable', 'neutreno_resformer'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
@@ -398,8 +400,9 @@ class GPT(nn.Module):
                         kv_cache=None, vocab_size=None):
         """Yield the next token (B, 1), max_new_tokens times; temperature=0 is greedy. kv_cache:
         decode into this one. vocab_size: sample only ids below it (not the padding). Past
-        block_size, the context is cropped to its last block_size tokens, cache or not."""
-        block_size = self.config.block_size
+        block_size (or a smaller kv_cache's max_seq_len), the context is cropped to its last
+        that many tokens, cache or not."""
+        context = min(self.config.block_size, kv_cache.max_seq_len if kv_cache else math.inf)
         if use_cache and kv_cache is None:
             kv_cache = self.new_kv_cache(idx.size(1) + max_new_tokens)
         if kv_cache is not None:
@@ -407,7 +410,7 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             if kv_cache is not None and kv_cache.pos == kv_cache.max_seq_len:
                 kv_cache.reset()  # full: start over on the cropped context, as without the cache
-            fresh = idx[:, -block_size:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
+            fresh = idx[:, -context:] if kv_cache is None or kv_cache.pos == 0 else idx[:, -1:]
             logits = self(fresh, kv_cache=kv_cache)[0][:, -1, :vocab_size].float()
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)

@@ -517,6 +517,17 @@ def test_greedy_generate_same_with_and_without_cache(case):
     assert torch.equal(long_cached[:, :14], short_cached)
 
 
+def test_a_cache_smaller_than_block_size_crops_the_context_to_its_size():
+    """A kv_cache of 8 positions (block_size 16) decodes as the model does on the last 8 tokens."""
+    model = tiny_model()
+    idx = random_tokens(model, T=6)
+    tokens = model.generate_tokens(idx, 10, temperature=0, kv_cache=model.new_kv_cache(8))
+    want = idx
+    for _ in range(10):
+        want = torch.cat([want, logits_of(model, want[:, -8:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(torch.cat([idx, *tokens], dim=1), want)
+
+
 @pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', 'denseformer',
                                   'attention_residual', 'value_bank_resformer_gqa'])
 def test_compiled_decoding_compiles_once_not_per_token(case):

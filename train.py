@@ -30,8 +30,8 @@ stops.rank_0_speaks()  # under torchrun: a bad setting or missing data said once
 out_dir = 'out'
 eval_interval = 100  # evaluate, then write ckpt.pt (and best.pt if val improved), every this often
 log_interval = 10
-eval_iters = 10  # validation batches of batch_size windows, the same each time (by domain: shared)
-eval_full = False  # every validation window at every evaluation (the paper's curve), not the last
+eval_iters = 10  # validation batches of batch_size windows, the same each time (split over domains)
+eval_full = False  # every validation window at every evaluation (the paper's curve), too
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 overwrite = False  # let a fresh run replace a run already in out_dir (ckpt.pt, best.pt, log.jsonl)
@@ -114,7 +114,7 @@ def read_windows(shards, places):  # rows (B, block_size + 1) on the CPU, pinned
     return data.read_windows(shards, places, block_size, pin=device_type == 'cuda')
 
 def get_batch(step):
-    """This rank's micro-batches of the step's windows: the seed and the step alone pick them."""
+    """This rank's share of the step's windows: rows (<= pass_size, block_size + 1) a micro-step."""
     places = windows.places(step, global_batch)
     return [read_windows(train_shards, places[start:stop]) for start, stop in rank_micro_batches]
 
@@ -124,7 +124,7 @@ def on_device(rows):
     rows = rows.to(device, non_blocking=device_type == 'cuda')
     return rows[:, :-1], rows[:, 1:]
 
-# evaluation scores {name: (shards, windows)}: a fixed sample, and at the end every window
+# evaluation scores {name: (shards, windows)}: a fixed sample; every window at the end (or always)
 val_sets, full_val_sets = data.validation_sets(data_dir, val_domains, eval_iters, batch_size,
                                                block_size, every_window=eval_full)
 # this rank's share, in pieces of training's pass size: no new batch size, no new memory
@@ -181,9 +181,8 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
 
 def eval_loss(shards, places):
-    """The mean loss over the windows at places, in one pass of pass_size rows: a last piece is
-    padded, its padding's targets -1 (ignored). y is a new tensor for every piece (a view for some
-    and a copy for others would recompile a compiled model)."""
+    """Mean loss over the windows at places, in one pass of pass_size rows (padding's targets: -1).
+    A new y each piece: a view for some and a copy for others would recompile a compiled model."""
     x, y = on_device(read_windows(shards, places + [places[0]] * (pass_size - len(places))))
     y = y.masked_fill(torch.arange(pass_size, device=device)[:, None] >= len(places), -1)
     with amp:
@@ -230,7 +229,7 @@ def checkpoint():
 nonfinite = stops.NonFinite(device, ddp, iter_num, run)  # the NaN/inf stop
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
 first_step, next_batch = iter_num, None
-# a stop signal saves; an error ends every rank; reader reads a step's windows during the last one
+# a stop signal saves; an error ends every rank; reader (a thread) reads step i+1's batch in step i
 with signals.caught(run, checkpoint, nonfinite), progress, hardware.reader_thread(device) as reader:
     if not eval_only and iter_num < max_iters:  # say what the run will cost, before any long work
         batch, (name, places) = get_batch(iter_num), (rank_val_pieces or [(None, None)])[0]
@@ -271,7 +270,8 @@ with signals.caught(run, checkpoint, nonfinite), progress, hardware.reader_threa
         lr = get_lr(iter_num)
         for group in optimizer.param_groups:  # lr_scale: 1, lr_scales (v5 Sec. 4.3), or Muon's
             group['lr'] = lr * group['lr_scale']
-        torch.manual_seed(data.seeded(seed, iter_num, -1 - ddp_rank))  # dropout's: no batch's seed
+        # dropout from (seed, step, rank) alone, a key no batch's seed uses: a resume is exact
+        torch.manual_seed(data.seeded(seed, iter_num, -1 - ddp_rank))
         batch = next_batch.result() if next_batch else get_batch(iter_num)
         next_batch = reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None
         train_loss = forward_backward(batch)
