@@ -30,8 +30,8 @@
 #   val_loss_full_domains. That is the paper's curve (ICLR Fig. 6) and table (ICLR A.6 Table 5's "Avg.": 82M
 #   Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 + 2.1779) / 7 = 2.7389). val_loss is a
 #   fixed sample of eval_iters x batch_size windows, which best.pt follows. Cost: 11 evaluations of the 500M
-#   validation tokens, forward passes only, against 10,000 steps of 2.1M tokens: about 9% on top of
-#   training at any size (docs/training.md measures it at a CPU shape).
+#   validation tokens, forward passes only, against 10,000 steps of 2.1M tokens: about 8% on top of
+#   training (an evaluated token costs 0.31 of a trained one, measured at a CPU shape: docs/training.md).
 # Prepare the data first: python prepare.py --dataset=slimpajama   (21e9 tokens of the paper's tokenizer; needs `pip
 # install datasets` and the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders):
 # add --input=DIR
