@@ -646,6 +646,35 @@ def optimizer_rows(groups):
             '|---|---|---|---|---|'] + rows
 
 
+def muon_lr_rows(groups):
+    """Each swept variant against the Transformer at the Transformer's best Muon rate and with each at its
+    own best rate, per depth: tuning on the Transformer alone would favour it. Losses are the groups'
+    means (the sweep trains one seed: `--seeds=1`)."""
+    swept = {}  # (variant, depth) -> {rate: mean final loss}
+    for label, group in groups.items():
+        parts = label.split()
+        if len(parts) == 4 and parts[1] == 'muon' and group['runs']:
+            swept.setdefault((parts[0], parts[3]), {})[parts[2].removeprefix('lr=')] = mean_std(
+                [r['final_val_loss'] for r in group['runs']])[0]
+    rows = []
+    for (variant, depth), losses in swept.items():
+        base = swept.get((BASELINE, depth))
+        if variant == BASELINE or not base:
+            continue
+        base_rate, own_rate = min(base, key=base.get), min(losses, key=losses.get)
+        at_base = losses.get(base_rate)
+        rows.append(f"| {variant} {depth} | {len(losses)} of {len(MUON_LRS)} | {own_rate} "
+                    f"({losses[own_rate]:.4f}) | {base_rate} ({base[base_rate]:.4f}) | "
+                    f"{'–' if at_base is None else f'{at_base - base[base_rate]:+.4f}'} | "
+                    f"{losses[own_rate] - base[base_rate]:+.4f} |")
+    if not rows:
+        return []
+    return ['', "Each variant's best rate against the Transformer's (of the rates swept so far), and its Δ "
+            "both at the Transformer's rate and with each model at its own best rate:", '',
+            "| variant | rates swept | its best rate (loss) | Transformer's best rate (loss) | "
+            "Δ at the Transformer's rate | Δ, each at its own best rate |", '|---|---|---|---|---|---|'] + rows
+
+
 def lambda_rows(groups):
     rows = []
     for label, group in groups.items():
@@ -916,7 +945,8 @@ def write_report(suite, scale, seeds, results_dir):
     lines += lambda_rows(groups)
     lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
-             'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows, 'optimizer': optimizer_rows}
+             'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows, 'optimizer': optimizer_rows,
+             'muon_lr': muon_lr_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')

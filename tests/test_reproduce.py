@@ -456,3 +456,16 @@ def test_optimizer_rows_pair_each_gain_with_its_own_optimizers_transformer():
     cells = row.split(' | ')
     assert cells[1] == '3' and cells[2].startswith('-0.0833') and cells[3].startswith('+0.0100')
     assert cells[4].startswith('+0.0933')
+
+
+def test_muon_lr_rows_compare_at_the_transformers_rate_and_at_each_ones_own():
+    """Identity's best rate differs from the Transformer's: the two Δ differ, each from the right losses."""
+    def group(loss):
+        return {'runs': [{'final_val_loss': loss}], 'seeds': [1337], 'baseline': 'vanilla L4'}
+    groups = {'vanilla L4': group(2.0), 'vanilla muon lr=0.01 L4': group(1.60),
+              'vanilla muon lr=0.02 L4': group(1.50), 'resformer_identity muon lr=0.01 L4': group(1.40),
+              'resformer_identity muon lr=0.02 L4': group(1.55), 'vanilla muon lr=0.04 L8': group(1.3)}
+    [row] = [line for line in reproduce.muon_lr_rows(groups) if line.startswith('| resformer_identity')]
+    cells = row.strip('| ').split(' | ')
+    assert cells == ['resformer_identity L4', f'2 of {len(reproduce.MUON_LRS)}', '0.01 (1.4000)',
+                     '0.02 (1.5000)', '+0.0500', '-0.1000']
