@@ -105,7 +105,8 @@ MUON_SWEPT = (BASELINE, 'resformer_identity')  # the variants whose Muon rate th
 # trains Muon at the depths listed here, and leaves out the others until their sweep has run.
 MUON_LR = {('cpu', 4): 0.02,  # 1.7136, 1.6711, 1.6699, 1.7123, 1.8209 at 0.005-0.08 (seed 1337)
            ('cpu', 8): 0.01,  # 1.5509, 1.5332, 1.5476, 1.6003, 1.7044
-           ('bpe', 4): 0.01}  # 5.4758, 5.4286, 5.4406, 5.4745, 5.6333
+           ('bpe', 4): 0.01,  # 5.4758, 5.4286, 5.4406, 5.4745, 5.6333
+           ('bpe', 8): 0.02}  # 5.4844, 5.4494, 5.4434, 5.4797, 5.6362
 OPTIMIZER_VARIANTS = [('vanilla', dict(variant='vanilla')),
                       ('resformer_identity', dict(variant='resformer_identity')),
                       ('svformer', dict(variant='svformer')),
