@@ -650,29 +650,45 @@ def optimizer_rows(groups):
 
 def muon_lr_rows(groups):
     """Each swept variant against the Transformer at the Transformer's best Muon rate and with each at its
-    own best rate, per depth: tuning on the Transformer alone would favour it. Losses are the groups'
-    means (the sweep trains one seed: `--seeds=1`)."""
-    swept = {}  # (variant, depth) -> {rate: mean final loss}
+    own best rate, per depth: tuning on the Transformer alone would favour it. A best rate is the one with
+    the lowest loss on the sweep's seed (the first); each Δ pairs every seed both groups have, so training
+    more seeds at the best rates (`--seeds=3 --only=...`) turns a one-seed Δ into a mean ± std (t)."""
+    swept = {}  # (variant, depth) -> {rate: {seed: final loss}}
     for label, group in groups.items():
         parts = label.split()
         if len(parts) == 4 and parts[1] == 'muon' and group['runs']:
-            swept.setdefault((parts[0], parts[3]), {})[parts[2].removeprefix('lr=')] = mean_std(
-                [r['final_val_loss'] for r in group['runs']])[0]
+            swept.setdefault((parts[0], parts[3]), {})[parts[2].removeprefix('lr=')] = {
+                seed: run['final_val_loss'] for seed, run in zip(group['seeds'], group['runs'])}
+    if not swept:
+        return []
+    sweep_seed = min(seed for rates in swept.values() for losses in rates.values() for seed in losses)
+
+    def best(rates):
+        tried = {rate: losses[sweep_seed] for rate, losses in rates.items() if sweep_seed in losses}
+        rate = min(tried, key=tried.get)
+        return rate, f"{rate} ({tried[rate]:.4f})"
+
+    def delta(losses, base_losses):
+        seeds = sorted(losses.keys() & base_losses.keys())
+        mean, std, t = paired_t([losses[s] for s in seeds], [base_losses[s] for s in seeds])
+        if len(seeds) == 1:
+            return f"{mean:+.4f}"
+        return f"{mean:+.4f} ± {std:.4f} ({fmt(t, 1)}, {len(seeds)} seeds)"
+
     rows = []
-    for (variant, depth), losses in swept.items():
+    for (variant, depth), rates in swept.items():
         base = swept.get((BASELINE, depth))
         if variant == BASELINE or not base:
             continue
-        base_rate, own_rate = min(base, key=base.get), min(losses, key=losses.get)
-        at_base = losses.get(base_rate)
-        rows.append(f"| {variant} {depth} | {len(losses)} of {len(MUON_LRS)} | {own_rate} "
-                    f"({losses[own_rate]:.4f}) | {base_rate} ({base[base_rate]:.4f}) | "
-                    f"{'–' if at_base is None else f'{at_base - base[base_rate]:+.4f}'} | "
-                    f"{losses[own_rate] - base[base_rate]:+.4f} |")
+        (base_rate, base_cell), (own_rate, own_cell) = best(base), best(rates)
+        at_base = delta(rates[base_rate], base[base_rate]) if base_rate in rates else '–'
+        rows.append(f"| {variant} {depth} | {len(rates)} of {len(MUON_LRS)} | {own_cell} | {base_cell} | "
+                    f"{at_base} | {delta(rates[own_rate], base[base_rate])} |")
     if not rows:
         return []
-    return ['', "Each variant's best rate against the Transformer's (of the rates swept so far), and its Δ "
-            "both at the Transformer's rate and with each model at its own best rate:", '',
+    return ['', f"Each variant's best rate against the Transformer's (of the rates swept so far, on seed "
+            f"{sweep_seed}), and its Δ both at the Transformer's rate and with each model at its own best "
+            "rate (paired by seed, t in brackets where there are several):", '',
             "| variant | rates swept | its best rate (loss) | Transformer's best rate (loss) | "
             "Δ at the Transformer's rate | Δ, each at its own best rate |", '|---|---|---|---|---|---|'] + rows
 

@@ -459,13 +459,23 @@ def test_optimizer_rows_pair_each_gain_with_its_own_optimizers_transformer():
 
 
 def test_muon_lr_rows_compare_at_the_transformers_rate_and_at_each_ones_own():
-    """Identity's best rate differs from the Transformer's: the two Δ differ, each from the right losses."""
-    def group(loss):
-        return {'runs': [{'final_val_loss': loss}], 'seeds': [1337], 'baseline': 'vanilla L4'}
+    """Identity's best rate differs from the Transformer's: the two Δ differ, each from the right losses;
+    more seeds at the best rates give a paired mean ± std (t), and the best rate stays the sweep seed's."""
+    def group(*losses):
+        return {'runs': [{'final_val_loss': x} for x in losses], 'seeds': [1337, 1338, 1339][:len(losses)],
+                'baseline': 'vanilla L4'}
     groups = {'vanilla L4': group(2.0), 'vanilla muon lr=0.01 L4': group(1.60),
               'vanilla muon lr=0.02 L4': group(1.50), 'resformer_identity muon lr=0.01 L4': group(1.40),
               'resformer_identity muon lr=0.02 L4': group(1.55), 'vanilla muon lr=0.04 L8': group(1.3)}
-    [row] = [line for line in reproduce.muon_lr_rows(groups) if line.startswith('| resformer_identity')]
-    cells = row.strip('| ').split(' | ')
-    assert cells == ['resformer_identity L4', f'2 of {len(reproduce.MUON_LRS)}', '0.01 (1.4000)',
-                     '0.02 (1.5000)', '+0.0500', '-0.1000']
+
+    def identity_row():
+        [row] = [line for line in reproduce.muon_lr_rows(groups) if line.startswith('| resformer_identity')]
+        return row.strip('| ').split(' | ')
+    assert identity_row() == ['resformer_identity L4', f'2 of {len(reproduce.MUON_LRS)}', '0.01 (1.4000)',
+                              '0.02 (1.5000)', '+0.0500', '-0.1000']
+    # two more seeds at each best rate; seed 1338's 1.90 would make 0.02 Identity's best by the mean
+    groups['resformer_identity muon lr=0.01 L4'] = group(1.40, 1.90, 1.42)
+    groups['vanilla muon lr=0.02 L4'] = group(1.50, 1.92, 1.54)
+    cells = identity_row()
+    assert cells[2:4] == ['0.01 (1.4000)', '0.02 (1.5000)'] and cells[4] == '+0.0500'
+    assert cells[5] == '-0.0800 ± 0.0529 (-2.6, 3 seeds)'  # differences -0.10, -0.02, -0.12
