@@ -4,7 +4,7 @@ Value Residual Learning (Zhou et al., arXiv 2410.17897) in one file: ResFormer a
 A Llama-style decoder (pre-norm RMSNorm, RoPE, SwiGLU, no biases) with one more residual path, on
 the attention values: every layer n > 1 mixes layer 1's values V1 into its own before attention,
 
-    U_n = softmax(Q_n K_n^T / sqrt(d)) (λ_{n,1} V1 + λ_{n,2} V_n),    λ of shape (n_layer, 2)
+    U_n = softmax(Q_n K_n^T / √d_h) (λ_{n,1} V1 + λ_{n,2} V_n),   d_h = head size, λ: (n_layer, 2)
 
 λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
 then have no value projection (and cache no values). Part one is the paper, down to a marked line;
@@ -82,7 +82,7 @@ class GPTConfig:
     """Bank of Values (arXiv 2606.02780): the top third of the layers look their values up."""
 
     def __post_init__(self):
-        resolve_config(self)  # part two: defaults, the named variant's flags, one-line errors
+        resolve_config(self)  # part two: n_kv_head, ffn_hidden, a variant's flags and λ; errors
 
 
 # The named variants: each sets these flags (the others keep their defaults), and
@@ -156,7 +156,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k = kv_cache.store(kv_cache.k, self.k_slot, k)               # keys of every position
         if self.svformer:
-            v = lam[0] * v1                                               # SVFormer: U_n = A_n V1
+            v = lam[0] * v1                  # SVFormer: U_n = A_n V1, every position's (no cache)
         else:
             v = self.heads(self.c_v, x)                                   # V_n = x W_V (no RoPE)
             if self.takes_v1:
@@ -166,7 +166,7 @@ class CausalSelfAttention(nn.Module):
                 v = lam[0] * newest(v1, T) + lam[1] * v
             if kv_cache is not None:
                 v = kv_cache.store(kv_cache.v, self.v_slot, v)           # a ResFormer caches V'_n
-        y = attention(q, k, v, self.dropout if self.training else 0.0)  # U_n = softmax(QK^T/√d)V'_n
+        y = attention(q, k, v, self.dropout if self.training else 0.0)  # U_n = softmax(QK^T/√d_h)V'
         return self.project_out(y), v
 
     def heads(self, linear, x, rope=None):
@@ -189,7 +189,7 @@ def newest(t, T):
 
 
 def attention(q, k, v, dropout_p):
-    """softmax(QK^T/sqrt(d)) V, causal, through SDPA's fused kernels; q (B, H, T, D), k and v
+    """softmax(QK^T/sqrt(d_h)) V, causal, through SDPA's fused kernels; q (B, H, T, D), k and v
     (B, H_kv, T_k, D) with T_k >= T, the last T of them at q's positions."""
     T, T_k, gqa = q.size(2), k.size(2), k.size(1) != q.size(1)
     if T == T_k:
@@ -288,7 +288,7 @@ class GPT(nn.Module):
 
     def store_lambdas(self, config):
         """λ of the layers after layer 1 (or part two's residual_source), as lambda_mode needs: a
-        fixed table, or parameters, 1-D so that the optimizer never decays them."""
+        fixed table, or parameters under 2 dims, which the optimizer never decays."""
         L, s = config.n_layer, config.residual_source
         rows = config.lambdas[s + 1:] if config.value_residual else [(0.0, 1.0)] * (L - 1 - s)
         later = torch.tensor(rows).view(L - 1 - s, 2)

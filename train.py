@@ -5,9 +5,9 @@ Train a ResFormer / SVFormer / baseline on one CPU or GPU, or on N GPUs with the
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
 Settings: the globals below and every field of GPTConfig (model.py), overridden by config files and
---key=value arguments, left to right, as nanoGPT's configurator. Three vrl calls define what trains:
-settings.model_config (the GPTConfig), data (which windows a step reads) and optim (nanoGPT's AdamW
-groups, or Muon). The other vrl.* calls only check, report and keep a run safe: skip them.
+--key=value arguments, left to right, as nanoGPT's configurator. Three vrl modules define what
+trains: settings.model_config (the GPTConfig), data (the windows a step reads, its seeds) and optim
+(AdamW's groups, or Muon); hardware picks the precision, run_folder resumes; the rest only check.
 """
 import math
 import os
@@ -42,11 +42,11 @@ wandb_run_name = 'run'
 log_grad_norms = False  # also log each parameter's gradient norm (before clipping) at each log step
 # data
 dataset = 'shakespeare_char'  # a folder under data/ written by prepare.py
-gradient_accumulation_steps = 1  # a step's global batch: gradient_accumulation_steps x batch_size
+gradient_accumulation_steps = 1  # global batch: this x batch_size (all ranks; not nanoGPT's passes)
 batch_size = 16  # sequences, whatever the number of ranks
 micro_batch_size = None  # most sequences a pass takes (None: batch_size); lower it to fit memory
 block_size = 128  # tokens per sequence: the context length T
-data_order = 'auto'  # 'random' (nanoGPT), 'epoch' (each window once), 'epochs'; 'auto' (see docs)
+data_order = 'auto'  # 'random' (nanoGPT), 'epoch' (once each), 'epochs'; 'auto': epoch if by domain
 # model: these, and every other field of GPTConfig (model.py) at GPTConfig's default
 variant = 'resformer_identity'
 n_layer = 4
@@ -114,7 +114,7 @@ def read_windows(shards, places):  # rows (B, block_size + 1) on the CPU, pinned
     return data.read_windows(shards, places, block_size, pin=device_type == 'cuda')
 
 def get_batch(step):
-    """This rank's share of the step's windows: rows (<= pass_size, block_size + 1) a micro-step."""
+    """nanoGPT's get_batch keyed by step: this rank's training rows, (<= pass_size, T + 1) each."""
     places = windows.places(step, global_batch)
     return [read_windows(train_shards, places[start:stop]) for start, stop in rank_micro_batches]
 
@@ -231,7 +231,7 @@ progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, m
 first_step, next_batch = iter_num, None
 # a stop signal saves; an error ends every rank; reader (a thread) reads step i+1's batch in step i
 with signals.caught(run, checkpoint, nonfinite), progress, hardware.reader_thread(device) as reader:
-    if not eval_only and iter_num < max_iters:  # say what the run will cost, before any long work
+    if not eval_only and iter_num < max_iters:  # the run's cost, from updates at rate 0: unchanged
         batch, (name, places) = get_batch(iter_num), (rank_val_pieces or [(None, None)])[0]
         metrics.estimate_time(lambda: forward_backward(batch),
                               lambda: eval_loss(val_sets[name][0], places),

@@ -1,6 +1,6 @@
 # Sec. 4.2, Fig. 6 of the ICLR text (sources: docs/experiments.md): model scaling, the 180M point.
-# Transformer vs Identity ResFormer after 10,000 steps of 2M tokens (20B), paper_recipe.py's recipe; val_loss
-# is the mean over the 7 SlimPajama domains' own validation losses, as the paper's.
+# Transformer vs Identity ResFormer after 10,000 steps of 2M tokens (20B), paper_recipe.py's recipe; the paper's
+# number is val_loss_full, the mean of the 7 SlimPajama domains' whole-split losses (val_loss: a sample).
 # Model: the paper's 180M model: 12 layers, 12 heads, d 768, SwiGLU 2688 (ICLR Table 4).
 # Paper (ICLR A.6 Table 5, the 7-domain mean): Transformer 2.5015, Identity ResFormer 2.4692.
 # ICLR Fig. 6 (82M, 180M, 320M, 468M): ResFormer matches the Transformer's loss with 10.4% fewer

@@ -667,8 +667,7 @@ dtype = hardware.pick_dtype(dtype, device_type)
 ptdtype = getattr(torch, dtype)
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=ptdtype)
 if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    hardware.allow_tf32()
 dims, cpu_bt, gpu_bt = SHAPES[shape]
 B, T = gpu_bt if device_type == 'cuda' else cpu_bt
 B, T = batch_size or B, block_size or T

@@ -347,8 +347,7 @@ def test_data_prepared_by_an_older_prepare_py(runs, tmp_path):
     one_line_error(analyze(tmp_path, 'old.pt'), 'has no val_doc_starts', '--windows=mid_text')
 
 
-# pick_device (support.py) turns these into one line; until
-# that fix is in this branch, these fail with a traceback
+# vrl/hardware.py's pick_device turns an unusable device into one line
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):
     if device.startswith('cuda') and torch.cuda.is_available():

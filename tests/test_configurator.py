@@ -1,3 +1,4 @@
+"""configurator.py: config files and --key=value overrides, in order; one-line errors for bad ones."""
 import ast
 import os
 import signal

@@ -212,8 +212,7 @@ def test_command_line(runs):
     assert len(overrides) == 5 and all(line.startswith('Overriding: ') for line in overrides)
 
 
-# pick_device (support.py) turns these into one line; until
-# that fix is in this branch, these fail with a traceback
+# vrl/hardware.py's pick_device turns an unusable device into one line
 @pytest.mark.parametrize('device', ['nosuch', 'cuda:0'])
 def test_unusable_device_exits_with_one_line(runs, device):
     if device.startswith('cuda') and torch.cuda.is_available():

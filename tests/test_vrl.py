@@ -122,6 +122,23 @@ def test_per_domain_losses_average_every_run_or_none():
     assert metrics.mean_domain_losses(scored + [None]) is None and metrics.mean_domain_losses([]) is None
 
 
+def test_tf32_is_set_so_that_every_precision_getter_still_reads(monkeypatch):
+    """On a GPU, train.py turns TF32 on in a way that leaves torch's generic getter readable: inductor's
+    autotuning calls torch.get_float32_matmul_precision(), which raises on torch 2.9+ after the backend
+    flag alone is set (mocked device: no GPU here)."""
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
+    monkeypatch.setattr(hardware, 'pick_device', lambda device, needs_gpu: 'cuda')
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert hardware.setup_device('cuda', 'float32', None, False, None)[1] == 'cuda'
+        assert torch.get_float32_matmul_precision() == 'high'
+        if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):
+            assert torch.backends.cuda.matmul.fp32_precision == 'tf32'
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_the_reader_thread_sets_the_ranks_device_before_any_work(monkeypatch):
     """The thread that reads (and pins) training windows first sets the rank's CUDA device, as PyTorch's
     DataLoader pin thread does, or every rank would open a context on GPU 0 (mocked: no GPU here)."""

@@ -1,6 +1,8 @@
 """
-The helpers that keep train.py, sample.py and prepare.py short: what a first reading skips. None of
-them changes the model or its training; each module is named for what it holds.
+The helpers that keep train.py, sample.py and prepare.py short, each module named for what it holds.
+Three define what trains: settings.model_config (the GPTConfig), data (which windows a step reads, and
+its seeds) and optim (the optimizer); hardware picks the device and precision, run_folder loads a run
+to resume. The rest only check, report and keep a run safe: what a first reading skips.
 
     settings     train.py's settings checked, and the GPTConfig they describe
     data         prepared data read and checked; batches in a seeded order; each rank's share

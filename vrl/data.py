@@ -165,8 +165,8 @@ class WindowOrder:
 
     def __init__(self, shards, block_size, seed, data_dir, data_order, val_domains):
         if any(len(shard) <= block_size + 1 for shard in shards):
-            raise SystemExit(f"train.py: a training shard in {data_dir} is shorter than "
-                             f"block_size={block_size}; lower block_size")
+            raise SystemExit(f"train.py: a training shard in {data_dir} holds no more than "
+                             f"block_size + 1 = {block_size + 1} tokens; lower block_size")
         self.block_size, self.seed, self.data_dir = block_size, seed, data_dir
         self.data_order, self.by_domain = data_order, val_domains is not None
         # 'auto': the paper's one epoch on data kept by domain (SlimPajama), nanoGPT's draw elsewhere

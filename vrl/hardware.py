@@ -22,11 +22,15 @@ def setup_device(device, dtype, local_rank, deterministic, needs_gpu):
         use_deterministic_kernels(device_type)
     if device_type == 'cuda':
         torch.cuda.set_device(device)
-        if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):  # torch 2.9+, which warns on the old
-            torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = 'tf32'
-        else:
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        allow_tf32()
     return device, device_type, pick_dtype(dtype, device_type)
+
+
+def allow_tf32():
+    """TF32 matmuls on CUDA, through the one switch every torch since 1.12 reads alike. On torch 2.9+,
+    setting torch.backends.cuda.matmul.fp32_precision instead leaves torch.get_float32_matmul_precision(),
+    which inductor's autotuning reads, raising "mix of legacy and new APIs"; allow_tf32 warns."""
+    torch.set_float32_matmul_precision('high')
 
 
 def reader_thread(device):

@@ -20,7 +20,7 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     scales = dict(lr_scales)
     tables = {id(table.weight) for table in model.token_tables()}
     # the token tables last: the order of the parameters is the order of a saved optimizer state
-    params = {name: p for name, p in sorted(model.named_parameters(), key=lambda np: id(np[1]) in tables)
+    params = {name: p for name, p in sorted(model.named_parameters(), key=lambda item: id(item[1]) in tables)
               if p.requires_grad}
     unknown = sorted(set(scales) - set(params))
     if unknown:
