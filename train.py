@@ -134,9 +134,12 @@ rank_val_pieces, rank_full_val_pieces = (data.rank_pieces(sets, pass_size, ddp_r
 # -----------------------------------------------------------------------------
 # model and optimizer: from scratch, or the architecture, weights and optimizer of out_dir/ckpt.pt
 iter_num, best_val_loss, last_eval = 0, float('inf'), None
+loss_since_log, steps_since_log = 0.0, 0  # the training loss summed over the steps since the last log
 if init_from == 'resume':  # checked to continue exactly: the settings and data it was trained on
     raw_model, ckpt = run_folder.resume(run, model_config, config, data_meta, eval_only)
     iter_num, best_val_loss, last_eval = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['last_eval']
+    loss_since_log, steps_since_log = ckpt.get('loss_since_log', (0.0, 0))
+loss_since_log = torch.tensor(loss_since_log, device=device)  # summed on the device: no wait a step
 with hardware.memory_error_in_one_line(device):
     if init_from == 'scratch':
         torch.manual_seed(seed)
@@ -222,7 +225,7 @@ def checkpoint():
     return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
             'scaler': scaler.state_dict(), 'model_args': asdict(raw_model.config), 'config': config,
             'iter_num': iter_num, 'best_val_loss': best_val_loss, 'last_eval': last_eval,
-            'data_meta': data_meta}
+            'data_meta': data_meta, 'loss_since_log': (loss_since_log.item(), steps_since_log)}
 
 # -----------------------------------------------------------------------------
 # the loop: every eval_interval steps evaluate (and save), and at every step update the weights
@@ -282,16 +285,19 @@ with signals.caught(run, checkpoint, nonfinite), progress, hardware.reader_threa
             grad_norm = torch.nn.utils.clip_grad_norm_(  # foreach: one fused kernel per dtype
                 raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'), foreach=True)
             nonfinite.observe(iter_num, train_loss, grad_norm, scaler, check=logging_now)
+            loss_since_log += train_loss
+            steps_since_log += 1
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=not ddp)  # DDP's gradients stay views of its buckets
             iter_num += 1
             throughput.step()
             progress.update(1)
-            if logging_now:
-                metrics.log_step(run, progress, say, iter_num, train_loss, grad_norm, lr,
-                                 throughput.tokens_per_sec(), grad_norms, raw_model, block_size,
-                                 peak, ddp_world_size, device)
+            if logging_now:  # the mean training loss since the last log line (the paper's curve)
+                metrics.log_step(run, progress, say, iter_num, loss_since_log / steps_since_log,
+                                 grad_norm, lr, throughput.tokens_per_sec(), grad_norms, raw_model,
+                                 block_size, peak, ddp_world_size, device)
+                loss_since_log, steps_since_log = torch.zeros((), device=device), 0
     if ddp:  # DDP keeps the replicas identical: checked once, cheaply
         say(data_parallel.replicas_agree(raw_model))
 if ddp:  # a run that went well: free everything, wait for all ranks, tear down (or gloo may abort)

@@ -44,7 +44,7 @@ from vrl import cli, locks, metrics
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
-          'optimizer')
+          'optimizer', 'share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -111,6 +111,10 @@ OPTIMIZER_VARIANTS = [('vanilla', dict(variant='vanilla')),
                       ('resformer_identity', dict(variant='resformer_identity')),
                       ('svformer', dict(variant='svformer')),
                       ('value_bank', dict(variant=BASELINE, value_bank=True))]
+LAMBDA_SWEEP = (0.2, 0.5, 0.8, 1, 2, 5)  # ICLR Fig. 8's legend: the weight on V1, V_n's kept at 1
+NEUTRENO_LAMBDAS = (0.2, 0.4, 0.6, 0.8)  # ICLR A.3 Fig. 22's legend (0.4: the paper's and the variant's)
+# Fig. 7 Left and Fig. 14's lengths at 2,048 tokens a step (the paper's 512 to 64,000 at 2M)
+LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [64, 128, 256, 512]}
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
 
@@ -181,6 +185,44 @@ def suite_groups(suite, scale):
                 groups += [(f'{label}{opt} L{depth}', dict(flags, **settings, **shape),
                             f'{BASELINE}{opt} L{depth}') for label, flags in variants]
         return groups
+    if suite == 'share_kv':  # ICLR Sec. 3.5, Fig. 5: what layer pairs may share (CLA), beside SVFormer
+        return [(v, dict(variant=v), BASELINE) for v in (BASELINE, 'share_k', 'share_v', 'cla', 'svformer')]
+    if suite == 'residual_type':  # ICLR Sec. 4.3, Fig. 9 (v5's four numbers): what the λ table mixes
+        return [(BASELINE, dict(variant=BASELINE), BASELINE),
+                ('value', dict(variant='resformer_identity'), BASELINE)] + [
+                (kind, dict(variant='resformer_identity', residual_type=kind), BASELINE)
+                for kind in ('query', 'key', 'attention', 'hidden')]
+    if suite == 'lambdas':  # ICLR Fig. 8: U_n = A_n (λ V1 + V_n) in every layer n >= 2
+        L = base['n_layer']
+        return [(BASELINE, dict(variant=BASELINE), BASELINE)] + [
+            (f'λ={lam:g}', dict(variant='resformer_constant') if lam == 2 else
+             dict(variant='custom', value_residual=True,
+                  lambdas=[[0.0, 1.0]] + [[float(lam), 1.0]] * (L - 1)), BASELINE)
+            for lam in LAMBDA_SWEEP]
+    if suite == 'neutreno':  # ICLR Fig. 7 Right and A.3 Fig. 22: NeuTRENO's λ, and the other baselines
+        return [(BASELINE, dict(variant=BASELINE), BASELINE)] + [
+            (f'neutreno λ={lam:g}', dict(variant='neutreno') if lam == 0.4 else dict(variant='custom', neutreno_lambda=lam),
+             BASELINE) for lam in NEUTRENO_LAMBDAS] + [
+            (v, dict(variant=v), BASELINE) for v in ('neutreno_resformer', 'resformer_identity', 'denseformer')]
+    if suite == 'svformer':  # ICLR Sec. 4.7: SVFormer's rate (Fig. 15a), warm-up (15b) and size (15d)
+        groups = []
+        for lr in LEARNING_RATES[scale]:
+            groups += [(f'{v} lr={lr:g}', dict(variant=v, learning_rate=lr, min_lr=lr / 10),
+                        f'{BASELINE} lr={lr:g}') for v in (BASELINE, 'svformer')]
+        warmup = 10 * base['warmup_iters']  # the paper's 120 and 1,200
+        groups += [(f'{v} warmup={warmup}', dict(variant=v, warmup_iters=warmup), f'{BASELINE} warmup={warmup}')
+                   for v in (BASELINE, 'svformer')]
+        return groups + [(f'{v} L{L} d{d}', dict(variant=v, n_layer=L, n_embd=d, n_head=d // HEAD_DIM[scale]),
+                          f'{BASELINE} L{L} d{d}') for L, d in SIZES[scale] for v in (BASELINE, 'svformer')]
+    if suite == 'lengths':  # ICLR Fig. 7 Left (ResFormer) and Fig. 14 (SVFormer): the same tokens a step
+        tokens = base['batch_size'] * base['block_size']
+        return [(f'{v} T={T}', dict(variant=v, block_size=T, batch_size=tokens // T), f'{BASELINE} T={T}')
+                for T in LENGTHS[scale] for v in (BASELINE, 'resformer_identity', 'svformer')]
+    if suite == 'mapping':  # ICLR Sec. 4.3, Fig. 10: which attention maps V1, at the paper's 8 layers
+        return [(f'{label} L8', dict(variant=v, **flags, **DEPTH[scale]), f'{BASELINE} L8') for label, v, flags in (
+            (BASELINE, BASELINE, {}), ('current (ResFormer)', 'resformer_identity', {}),
+            ('first (A_1)', 'resformer_identity', dict(value_mapping='first')),
+            ('identity', 'resformer_identity', dict(value_mapping='identity')))]
     raise ValueError(f"unknown suite {suite!r}")
 
 
@@ -228,11 +270,14 @@ def run_name(scale, settings):
 
 
 def name_part(value):
-    """A setting's value as it appears in a run name: lr_scales' [[name, x], ...] as name@x+name@x."""
+    """A setting's value as it appears in a run name: lr_scales' [[name, x], ...] as name@x+name@x, a λ
+    table's rows [[a, b], ...] as a,b+a,b+..."""
     if isinstance(value, float):
         return f'{value:g}'
-    if isinstance(value, list):
+    if isinstance(value, list) and value and isinstance(value[0][0], str):
         return '+'.join(f'{name}@{scale:g}' for name, scale in value)
+    if isinstance(value, list):
+        return '+'.join(f'{a:g},{b:g}' for a, b in value)
     return str(value)
 
 
@@ -269,6 +314,10 @@ PROBE = dict(n_layer=4, n_head=2, n_embd=32, block_size=32, batch_size=4, gradie
              eval_iters=1, log_interval=1, log_grad_norms=False, seed=1337, device='cpu', dtype='float32',
              compile=False)
 PROBE_TOLERANCE = 1e-3
+# the settings a probe takes from its run: those that change what the variant computes
+PROBED = ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping', 'residual_type', 'h0_residual',
+          'optimizer', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
+          'neutreno_lambda', 'residual_source')
 # --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
 # loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
 # steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain
@@ -325,9 +374,9 @@ def probe(settings):
     """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
     # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
     # must show in the probe of every run that sets it
-    tiny = PROBE | {k: settings[k] for k in ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping',
-                                             'residual_type', 'h0_residual', 'optimizer', 'muon_adjust_lr')
-                    if k in settings}
+    tiny = PROBE | {k: settings[k] for k in PROBED if k in settings}
+    if 'lambdas' in settings:  # a λ table has a row per layer
+        tiny['n_layer'] = settings['n_layer']
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
     key = json.dumps(tiny, sort_keys=True)
@@ -376,6 +425,12 @@ def summary_state(path, settings):
     return 'done'
 
 
+def has_train_curve(path):
+    """Whether a finished run's summary holds its training curve (runs trained before train.py logged the
+    mean training loss of each log interval have none)."""
+    return bool(json.loads(path.read_text()).get('train_curve'))
+
+
 def run_one(settings, run_dir, summary_path, env):
     """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it),
     then write its summary."""
@@ -399,6 +454,9 @@ def run_one(settings, run_dir, summary_path, env):
         return f"exit {returncode}: {last[0][-300:]}"
     summary = summarize(run_dir, settings, seconds) | {'commit': commit(), 'probe': today,
                                                        'threads': env.get('OMP_NUM_THREADS', 'default')}
+    if summary_path.exists():  # retrained (stale, or for its training curve): say whether it ends the same
+        before = json.loads(summary_path.read_text())
+        summary['replaces'] = {k: before.get(k) for k in ('final_val_loss', 'commit')}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
     os.replace(summary_path.with_suffix('.tmp'), summary_path)
@@ -414,12 +472,14 @@ def summarize(run_dir, settings, seconds):
         if isinstance(record, dict):
             records.append(record)
     curve = [[r['step'], r['val_loss']] for r in records if 'val_loss' in r]
+    # the mean training loss over each log interval (older train.py: the logged step's own)
+    train_curve = [[r['step'], r['train_loss']] for r in records if 'train_loss' in r]
     grads = [r['grad_norms'] for r in records if 'grad_norms' in r]
     lambdas = [r['lambdas'] for r in records if 'lambdas' in r]
     checkpoint = torch.load(run_dir / 'ckpt.pt', map_location='cpu', weights_only=True)
     with torch.device('meta'):
         model = GPT(GPTConfig(**checkpoint['model_args']))
-    return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1],
+    return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1], 'train_curve': train_curve,
             'params': model.num_params(),
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
             'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
@@ -436,15 +496,16 @@ def summarize(run_dir, settings, seconds):
             'seconds': seconds}
 
 
-def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False):
-    """Train every run that has no summary yet (and, with retrain, every stale one): one per GPU when
-    there are several, else `jobs` at a time on the CPU, splitting its cores between them.
-    Returns {run name: error}."""
+def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False, train_curves=False):
+    """Train every run that has no summary yet (and, with retrain, every stale one; with train_curves, every
+    finished one whose summary has no training curve): one per GPU when there are several, else `jobs` at a
+    time on the CPU, splitting its cores between them. Returns {run name: error}."""
     settings_of = {name: settings for _, name, settings in runs}
     states = {name: summary_state(results_dir / 'runs' / f'{name}.json', s)
               for name, s in settings_of.items()}
     todo = [name for name, state in states.items()
-            if state in ('todo', 'unreadable') or (retrain and state == 'stale')]
+            if state in ('todo', 'unreadable') or (retrain and state == 'stale')
+            or (train_curves and state == 'done' and not has_train_curve(results_dir / 'runs' / f'{name}.json'))]
     stale = sum(state == 'stale' for state in states.values()) if not retrain else 0
     print(f"{len(states) - len(todo)} of {len(states)} runs done; {len(todo)} to go"
           + (f"; {stale} done by code that trains differently (--retrain retrains them)" if stale else ''),
@@ -1001,6 +1062,10 @@ def main(argv=None):
     parser.add_argument('--retrain', action='store_true',
                         help='also retrain runs whose summary was made by code that trains differently '
                              '(stale)')
+    parser.add_argument('--train_curves', action='store_true',
+                        help='also retrain finished runs whose summary has no training curve (trained before '
+                             'train.py logged each interval\'s mean training loss); the summary keeps the '
+                             'final loss it replaces, to compare')
     parser.add_argument('--check', metavar='NAME', default=None,
                         help=f'retrain the finished run NAME into <runs_dir>/check/ and compare its final '
                              f'loss with the committed one (tolerance {CHECK_TOLERANCE})')
@@ -1034,7 +1099,8 @@ def main(argv=None):
             continue
         if not args.report_only:
             print(f"suite {suite} ({args.scale}):")
-            failures |= run_suite(runs, runs_dir, results_dir, args.gpus, args.jobs, args.retrain)
+            failures |= run_suite(runs, runs_dir, results_dir, args.gpus, args.jobs, args.retrain,
+                                  args.train_curves)
         if stopping.is_set():
             raise SystemExit(143)
         report = write_report(suite, args.scale, seeds, results_dir)
