@@ -254,7 +254,10 @@ def _settings_layout(source, defaults):
 def field_docs(cls):
     """{field: its docstring, on one line} of a dataclass whose fields each have one below them, as
     GPTConfig's do."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {node.target.id: ' '.join(doc.value.value.split())
-            for node, doc in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
-            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)}
+    docs = {}
+    for base in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(base))).body[0].body
+        docs |= {node.target.id: ' '.join(doc.value.value.split())
+                 for node, doc in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
+                 and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)}
+    return docs

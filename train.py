@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import configure
-from model import GPT, GPTConfig
+from ablations import AblationConfig, build_model
 from vrl import data, data_parallel, hardware, metrics, optim, run_folder, settings, stops
 stops.rank_0_speaks()  # under torchrun: a bad setting or missing data said once, by rank 0
 
@@ -75,7 +75,7 @@ deterministic = False  # deterministic kernels (math attention on CUDA): bit for
 seed = 1337
 # -----------------------------------------------------------------------------
 config = configure(globals(), sys.argv[1:], script=__file__,  # the globals of literal values above
-                   fields_of=GPTConfig, except_fields=('vocab_size',),  # the data sets vocab_size
+                   fields_of=AblationConfig, except_fields=('vocab_size',),  # the data sets vocab_size
                    types={'compile': bool, 'micro_batch_size': int},
                    verbose=os.environ.get('RANK', '0') == '0')
 globals().update(config)  # config: what this run used, for the log and the checkpoint
@@ -143,7 +143,7 @@ loss_since_log = torch.tensor(loss_since_log, device=device)  # summed on the de
 with hardware.memory_error_in_one_line(device):
     if init_from == 'scratch':
         torch.manual_seed(seed)
-        raw_model = GPT(model_config)
+        raw_model = build_model(model_config)
     raw_model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 settings.check_lr_scales(lr_scales, raw_model)  # names of its parameters
@@ -189,7 +189,7 @@ def eval_loss(shards, places):
     x, y = on_device(read_windows(shards, places + [places[0]] * (pass_size - len(places))))
     y = y.masked_fill(torch.arange(pass_size, device=device)[:, None] >= len(places), -1)
     with amp:
-        return model(x, y)[1]
+        return model(x, y)
 
 @torch.no_grad()
 def evaluate(sets, pieces):
@@ -214,7 +214,7 @@ def forward_backward(batch):
         if ddp:  # all-reduce the gradients once a step, in the last micro-step's backward
             ddp_model.require_backward_grad_sync = micro_step == len(batch) - 1
         with amp:
-            _, loss = model(x, y)
+            loss = model(x, y)
         loss = loss * ((stop - start) / rank_share)  # weighted by its share of the rank's batch
         loss_sum += loss.detach()
         scaler.scale(loss).backward()

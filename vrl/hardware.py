@@ -116,7 +116,7 @@ def min_params(cfg):
     any size (building even a 'meta' model of 100,000 layers takes minutes): every layer's W_Q, W_O and
     SwiGLU MLP, and the embedding, twice unless tied. K, V, norms, λ and token tables come on top."""
     blocks = cfg.n_layer * (2 * cfg.n_embd ** 2 + 3 * cfg.n_embd * cfg.ffn_hidden)
-    return blocks + cfg.vocab_size * cfg.n_embd * (1 if cfg.tie_embeddings else 2), blocks
+    return blocks + cfg.vocab_size * cfg.n_embd * 2, blocks
 
 
 def needs_gpu(model_config, block_size, tokens):

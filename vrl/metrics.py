@@ -33,6 +33,15 @@ PEAK_TFLOPS = {
 }
 
 
+def flops_per_token(model, seq_len, causal=True):
+    """Training FLOPs a token: 6 per matmul weight, and causal attention's QK^T and AV, 6·L·d·T (a fused
+    kernel skips the masked half). causal=False: PaLM's (appendix B) and nanoGPT's count, 12·L·d·T,
+    crediting work no kernel does (at 65,536 tokens, nearly twice the MFU)."""
+    cfg = model.config
+    attention = (6 if causal else 12) * cfg.n_layer * cfg.n_embd * seq_len
+    return 6 * model.num_params(exclude_embedding=True) + attention
+
+
 def mfu_peak(peak_tflops, device, say):
     """One accelerator's peak TFLOP/s that MFU compares against: peak_tflops if given, else the GPU's in
     PEAK_TFLOPS, else 0 (no MFU; always so on a CPU). On a GPU, say() which, or that there is none."""
@@ -56,7 +65,7 @@ def step_record(step, train_loss, grad_norm, lr, tokens_per_sec, grad_norms, mod
     if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full T x T
         # attention, as PaLM's and nanoGPT's MFU do
         for key, causal in (('mfu', True), ('mfu_palm', False)):
-            record[key] = model.flops_per_token(block_size, causal) * (tokens_per_sec / ranks) / (peak * 1e12)
+            record[key] = flops_per_token(model, block_size, causal) * (tokens_per_sec / ranks) / (peak * 1e12)
     if torch.device(device).type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
         record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
     if model.config.lambda_mode != 'fixed':

@@ -18,10 +18,7 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     adjust_lr_fn) to train the hidden matrices with torch.optim.Muon instead; the rest stays with AdamW, as
     Muon's authors (and nanochat, modded-nanogpt) do."""
     scales = dict(lr_scales)
-    tables = {id(table.weight) for table in model.token_tables()}
-    # the token tables last: the order of the parameters is the order of a saved optimizer state
-    params = {name: p for name, p in sorted(model.named_parameters(), key=lambda item: id(item[1]) in tables)
-              if p.requires_grad}
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     unknown = sorted(set(scales) - set(params))
     if unknown:
         raise ValueError(f"lr_scales names {', '.join(unknown)}, not parameters of this model "

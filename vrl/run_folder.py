@@ -17,7 +17,7 @@ from dataclasses import fields
 
 import torch
 
-from model import GPT, GPTConfig
+from ablations import AblationConfig as GPTConfig, build_model
 from vrl import cli, locks
 
 
@@ -242,7 +242,7 @@ def resume(run, model_config, config, data_meta, eval_only):
     return model, checkpoint
 
 
-def load_checkpoint(path, device='cpu', model_type=GPT):
+def load_checkpoint(path, device='cpu', model_type=build_model):
     """(model, checkpoint) from a checkpoint of train.py; a missing, damaged or piped file exits with one
     line. model_type: the class to build (analyze.py's AblationGPT records statistics)."""
     cli.refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")

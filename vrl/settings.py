@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from model import GPTConfig
+from ablations import AblationConfig as GPTConfig
 
 
 FLOAT32_MAX = torch.finfo(torch.float32).max

@@ -1,0 +1,542 @@
+"""
+The rest of the model: the paper's baselines and ablations, and values from outside the paper, each an
+extension of model.py's classes (its CausalSelfAttention, Block and GPT do the paper's part). A config
+that sets any field of AblationConfig beyond GPTConfig's builds an AblationGPT (build_model); with none
+set, AblationGPT computes what GPT does, bit for bit (test_model.py checks). Sources: ICLR (the ICLR
+2025 text), v5 (arXiv v5, second-hand), code (the official repository), ours (our reading).
+
+An ablation is one field of AblationConfig (with its docstring and its checks in check()) and code in
+the one step it changes: a layer's own projections (AblationAttention.__init__), its queries, keys or
+values, the attention and what is added to its output (attend), the block (AblationBlock) or the
+stream between blocks (AblationGPT.between_blocks). What a layer may read of the layers below it is in
+Carry: each earlier layer's Heads (its queries, keys, values, attention and output).
+"""
+import math
+from collections import namedtuple
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import (GPT, VARIANTS, Block, CausalSelfAttention, GPTConfig, KVCache, attention, need,
+                   newest, normal_init, variant_lambdas)
+
+# The baselines' named variants: NeuTRENO (ICLR Eqn. 8; code: λ = 0.4, and 0.2 with ResFormer),
+# DenseFormer, cross-layer sharing of K and V in pairs (CLA) or of one of them (ICLR Sec. 3.5), and
+# layer 1's queries or keys shared with every layer, as SVFormer shares its values (ICLR Sec. 4.8).
+BASELINES = {
+    'neutreno': dict(neutreno_lambda=0.4),
+    'neutreno_resformer': dict(value_residual=True, neutreno_lambda=0.2),
+    'denseformer': dict(denseformer=True), 'cla': dict(share_kv='kv'),
+    'share_k': dict(share_kv='k'), 'share_v': dict(share_kv='v'),
+    'shared_query': dict(value_residual=True, residual_type='query'),
+    'shared_key': dict(value_residual=True, residual_type='key'),
+}
+CHOICES = dict(residual_from=('first', 'second', 'adjacent', 'previous', 'dense'),
+               residual_type=('value', 'query', 'key', 'attention', 'hidden'),
+               value_mapping=('current', 'first', 'identity', 'cross'),
+               share_kv=('none', 'kv', 'k', 'v'), backbone=('llama', 'gpt2'))
+
+
+@dataclass
+class AblationConfig(GPTConfig):
+    residual_from: str = 'first'
+    """Whose values layer n mixes in: 'first' (V1, the paper's), 'second' (V2; layers 1-2 then mix
+    nothing in; v5), 'adjacent' (V_{n-1}) or 'previous' (the mean of V_1 .. V_{n-1}; ICLR Fig. 11),
+    'dense' (Dense-ResFormer, v5: V'_n = Σ_{i<=n} w_{n,i} V_i, w learned from Identity's 0.5/0.5)."""
+    residual_type: str = 'value'
+    """What λ mixes (v5; ICLR Fig. 9): 'value' (ResFormer), 'query', 'key', 'attention' (A itself)
+    or 'hidden' (ours: the attention reads λ1 norm(H_s) + λ2 norm(H_{n-1}), H_s the source's input)."""
+    value_mapping: str = 'current'
+    """Which attention maps V1 (ICLR Fig. 10): 'current' (A_n, ResFormer), 'first' (λ1 A_1 V1 + λ2
+    A_n V_n), 'identity' (ICLR Eqn. 6: A_n V_n + the mean of V_1 .. V_{n-1}, unattended) or 'cross'
+    (cross-layer attention, ICLR Eqn. 2: layer n attends over layer 1's keys and values and its own)."""
+    value_rescale: bool = False
+    """Post-residual rescaling (v5 Table 10, second-hand; its form is ours): V'_n / (λ1 + λ2)."""
+    anchors: tuple = ()
+    """SVFormer's anchors (ICLR Fig. 17): layers that keep their own values, which the SVFormer
+    layers above them read instead of V1 (their λ rows become (0, 1))."""
+    h0_residual: bool = True
+    """False: block 1 drops its residual connection from H0, so V2 no longer carries H0 (v5)."""
+    neutreno_lambda: float = 0.0
+    """NeuTRENO (ICLR Eqn. 8): U_n = A_n V'_n + λ(V1 - V'_n) after the source layer; 0: off."""
+    denseformer: bool = False
+    """DenseFormer: each block's input a learned average of the embedding and all block outputs."""
+    share_kv: str = 'none'
+    """Layer pairs (1, 2), (3, 4), ... share 'kv' (CLA), 'k' or 'v' (ICLR Sec. 3.5), or 'none'."""
+    backbone: str = 'llama'
+    """'gpt2': the official GPT-2 78M's blocks (code: LayerNorm, a 4d GELU MLP, biases, learned
+    positions instead of RoPE; ICLR Fig. 15c), with ffn_hidden None = 4 * n_embd."""
+    value_embeds: bool = False
+    """Value embeddings (nanochat, not the paper): every other layer adds a gated token table."""
+    value_bank: bool = False
+    """Bank of Values (He et al., arXiv 2606.02780; not the paper): the top third of the layers
+    look their values up in token tables, V_n = γ_v E_n[token], and cache token ids."""
+
+    def __post_init__(self):
+        gpt2_width = self.ffn_hidden is None and self.backbone == 'gpt2'
+        self.anchors = tuple(self.anchors) if isinstance(self.anchors, (list, tuple)) else self.anchors
+        super().__post_init__()
+        if gpt2_width:
+            self.ffn_hidden = 4 * self.n_embd
+
+    @property
+    def source_layer(self):  # layers up to it mix nothing in
+        return 2 if self.residual_from == 'second' else 1
+
+    def apply_variant(self):
+        super().apply_variant(VARIANTS | BASELINES)
+        if self.variant in ('shared_query', 'shared_key'):  # λ = (1, 0): layer 1's alone
+            self.lambdas = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
+
+    def check(self):
+        for name, choices in CHOICES.items():
+            need(getattr(self, name) in choices, f"{name}={getattr(self, name)!r}; use one of "
+                                                 f"{', '.join(map(repr, choices))}")
+        need(isinstance(self.neutreno_lambda, (int, float)) and math.isfinite(self.neutreno_lambda),
+             f"neutreno_lambda={self.neutreno_lambda!r} must be a finite number")
+        need(isinstance(self.anchors, tuple) and all(
+            isinstance(n, int) and 1 < n <= self.n_layer for n in self.anchors),
+             f"anchors={self.anchors!r}: layer numbers from 2 to n_layer={self.n_layer}")
+        if self.anchors and self.value_residual:  # first: an anchor keeps its own values
+            self.lambdas = tuple((0.0, 1.0) if n in self.anchors else row
+                                 for n, row in enumerate(self.lambdas, start=1))
+        super().check()
+        need(not self.neutreno_lambda or self.n_kv_head == self.n_head,
+             "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
+        if self.value_embeds:
+            lacking = [n for n in layers(self) if has_value_embed(self, n) and not owns(self, n, 'v')]
+            need(not lacking, f"value_embeds adds to a layer's own values, but layer(s) {lacking} "
+                              "have none (SVFormer or share_kv); drop value_embeds or pick another variant")
+        if self.value_bank:
+            need(self.n_layer >= 2, "value_bank needs n_layer >= 2: the last third of one layer is "
+                                    "layer 1, whose values already depend on the token alone")
+            bank = [n for n in layers(self) if in_value_bank(self, n)]
+            for clash, why in (
+                    (lambda n: has_value_embed(self, n), "value_embeds gives them a token table too"),
+                    (lambda n: shares_prev(self, n, 'v'), "share_kv makes them reuse the values below"),
+                    (lambda n: self.is_svformer_layer(n), "they are SVFormer layers, with no values")):
+                found = [n for n in bank if clash(n)]
+                need(not found, f"value_bank replaces the values of layers {bank[0]}-{bank[-1]}, but "
+                                f"{why} (layers {found}); drop one of them")
+        if not self.value_residual:
+            need(self.residual_type == 'value' and self.value_mapping == 'current' and not
+                 self.value_rescale and not self.anchors and (self.residual_from == 'first'
+                                                              or self.neutreno_lambda),
+                 "residual_from, residual_type, value_mapping, value_rescale and anchors choose what "
+                 "value_residual mixes; set value_residual=True")
+            return
+        later = self.lambdas[self.source_layer:]
+        plain = self.residual_type == 'value' and self.value_mapping == 'current'
+        unweighted = self.lambdas == self.default_lambdas() and self.lambda_mode == 'fixed' \
+            and not self.value_rescale
+        need(self.value_mapping in ('current', 'first') or (unweighted and self.residual_from == 'first'),
+             f"value_mapping={self.value_mapping!r} has no λ: use residual_from='first' and drop "
+             "lambdas, lambda_mode and value_rescale")
+        need(self.residual_from != 'dense' or unweighted and plain,
+             "residual_from='dense' learns its own weights: drop lambdas, lambda_mode, value_rescale, "
+             "residual_type and value_mapping")
+        need(self.residual_from in ('first', 'second') or self.residual_type == 'value',
+             f"residual_from={self.residual_from!r} mixes values: use residual_type='value'")
+        need(self.value_mapping == 'current' or self.residual_type == 'value',
+             f"value_mapping={self.value_mapping!r} maps values, but residual_type="
+             f"{self.residual_type!r}; use residual_type='value'")
+        shares = {'value': ('v', 'kv'), 'key': ('k', 'kv')}.get(self.residual_type, ())
+        need(self.share_kv not in shares, f"share_kv={self.share_kv!r} and residual_type="
+             f"{self.residual_type!r} both redefine the same projection; use another share_kv")
+        zero = [n for n, (_, own) in enumerate(self.lambdas, start=1) if own == 0]
+        need(not zero or self.lambda_mode != 'fixed' or self.residual_from in ('first', 'second')
+             and self.residual_type in ('value', 'query', 'key') and self.value_mapping == 'current',
+             f"layers {zero} have a weight 0 on their own term, which only drops the projection "
+             "(SVFormer, shared_query, shared_key) with fixed λ from the first or second layer")
+        need(not self.anchors or plain and self.residual_from == 'first',
+             "anchors are SVFormer's: use residual_type='value' and residual_from='first'")
+        need(not self.value_rescale or all(a + b != 0 for a, b in later),
+             "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
+
+    def default_lambdas(self):
+        return variant_lambdas('resformer_identity', self.n_layer, self.source_layer)
+
+    def is_svformer_layer(self, n):
+        return super().is_svformer_layer(n) and mixes(self, n) == 'value' \
+            and self.value_mapping == 'current'
+
+
+def build_model(config):
+    """The model a config describes: the paper's GPT, or an AblationGPT when the config sets any of
+    AblationConfig's own fields (or names one of BASELINES)."""
+    return AblationGPT(config) if ablations(config) else GPT(config)
+
+
+def ablations(config):
+    """AblationConfig's own fields that config sets away from their defaults."""
+    own = [f for f in fields(config) if f.name not in {g.name for g in fields(GPTConfig)}]
+    return [f.name for f in own if getattr(config, f.name) != f.default]
+
+
+def layers(config):
+    return range(1, config.n_layer + 1)
+
+
+def mixes(config, n):
+    """What the λ table mixes into layer n: None (vanilla, or a layer up to the source), 'value'
+    (ResFormer), 'query', 'key', 'attention' or 'hidden'."""
+    return config.residual_type if config.value_residual and n > config.source_layer else None
+
+
+def shares_prev(config, n, what):
+    """CLA pairs (1, 2), (3, 4), ...: the second layer of a pair reuses the first's K ('k') or V."""
+    return n % 2 == 0 and config.share_kv in (what, 'kv')
+
+
+def owns(config, n, what):
+    """Whether layer n projects its own queries, keys or values ('q', 'k', 'v')."""
+    zero_own = config.value_residual and n > config.source_layer and config.lambda_mode == 'fixed' \
+        and config.lambdas[n - 1][1] == 0 and mixes(config, n) == {'q': 'query', 'k': 'key'}.get(
+            what, 'value') and config.value_mapping == 'current'
+    return not (zero_own or shares_prev(config, n, what) or what == 'v' and in_value_bank(config, n))
+
+
+def has_value_embed(config, n):
+    """nanochat's placement of value embeddings: alternating layers, counted from the last."""
+    return config.value_embeds and n % 2 == config.n_layer % 2
+
+
+def in_value_bank(config, n):
+    """BoV's placement: the last third of the layers, never layer 1."""
+    return config.value_bank and n > (2 * config.n_layer) // 3
+
+
+# What one attention layer hands to later ones: q (B, H, T, hd) after RoPE; k, v (B, H_kv, T_k, hd)
+# over every cached position; attn (B, H, T, T_k) when explicit; out, U = attn·v before W_O; fresh,
+# the layer's own values V_n (before any mixing) at the new positions.
+Heads = namedtuple('Heads', 'q k v attn out fresh')
+
+
+class Carry:
+    """What one forward hands from layer to layer beyond V1: every earlier layer's Heads, the token
+    ids, DenseFormer's streams and the hidden residual's H_s (GPT.forward hands V1 alone)."""
+
+    def __init__(self, idx, tokens, x, stats):
+        self.idx, self.tokens, self.stats = idx, tokens, stats  # new tokens, every position's
+        self.layers = []           # the Heads of layers 1 .. n-1
+        self.streams = [x]         # DenseFormer's X_0 (the embedding), X_1, ...: block outputs
+        self.h_source = None       # the source layer's input H_s (the hidden residual)
+
+
+class AblationAttention(CausalSelfAttention):
+    """CausalSelfAttention plus the ablations that change a layer's attention; with none of them it
+    computes what CausalSelfAttention does."""
+
+    def __init__(self, config, n):
+        super().__init__(config, n, own=[p for p in 'qkv' if owns(config, n, p)])
+        self.n, self.mixes = n, mixes(config, n)
+        self.takes_v1 = self.mixes == 'value' and config.value_mapping == 'current' \
+            and n not in config.anchors
+        self.svformer = config.is_svformer_layer(n)
+        self.mapping = config.value_mapping if self.mixes == 'value' else None
+        self.residual_from, self.anchors = config.residual_from, (1, *config.anchors)
+        self.shares_k, self.shares_v = shares_prev(config, n, 'k'), shares_prev(config, n, 'v')
+        self.explicit = self.mixes == 'attention' or config.value_residual and \
+            config.residual_type == 'attention' and n == config.source_layer
+        self.neutreno_lambda = config.neutreno_lambda if n > config.source_layer else 0.0
+        d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
+        if config.backbone == 'gpt2':  # GPT-2's projections have biases
+            for name in ('c_q', 'c_k', 'c_v', 'c_proj'):
+                if getattr(self, name) is not None:
+                    linear = getattr(self, name)
+                    setattr(self, name, nn.Linear(linear.in_features, linear.out_features))
+        # Dense-ResFormer's weights on V_1 .. V_n, from Identity's 0.5 V1 + 0.5 V_n
+        self.dense = nn.Parameter(torch.tensor([0.5] + [0.0] * (n - 2) + [0.5])) \
+            if self.takes_v1 and config.residual_from == 'dense' else None
+        # value embeddings: a token table, gated by the first 12 channels of the layer's input
+        embeds = has_value_embed(config, n)
+        self.value_embed = nn.Embedding(config.vocab_size, kv_dim) if embeds else None
+        self.ve_gate = nn.Linear(min(12, d), self.n_kv_head, bias=False) if embeds else None
+        # the bank of values: the layer's own token table, and BoV's learned scale of it
+        in_bank = in_value_bank(config, n)
+        self.bank = nn.Embedding(config.vocab_size, kv_dim) if in_bank else None
+        self.gamma_v = nn.Parameter(torch.ones(1)) if in_bank else None
+
+    @torch.no_grad()
+    def init_tables(self, wte, eps):
+        """After GPT's init: nanochat's value-embedding gate starts a little above 3σ(0) = 1.5;
+        BoV's bank row t at RMSNorm(wte[t]) W_V^T, the layer's values from the token alone (W_V
+        drawn, then dropped)."""
+        if self.ve_gate is not None:
+            nn.init.uniform_(self.ve_gate.weight, 0.0, 0.02)
+        if self.bank is not None:
+            x0 = F.rms_norm(wte, (wte.size(1),), eps=eps)
+            w_v = x0.new_empty(self.bank.embedding_dim, wte.size(1)).normal_(mean=0.0, std=0.02)
+            self.bank.weight.copy_(x0 @ w_v.T)
+
+    def forward(self, x, rope, lambda_n, carry, kv_cache):
+        """CausalSelfAttention.forward's steps, each with the ablations that change it. Returns
+        (output (B, T, C), this layer's Heads)."""
+        source = self.source(carry)
+        q = self.queries(x, rope, lambda_n, source)
+        k = self.keys(x, rope, lambda_n, source, carry, kv_cache)
+        v, fresh = self.values(x, lambda_n, source, carry, kv_cache)
+        y, probs = self.attend(q, k, v, lambda_n, source, carry)
+        return self.project_out(y), Heads(q, k, v, probs, y, fresh)
+
+    def source(self, carry):
+        """The Heads of the layer this one mixes in: layer 1 (or 2, or the last anchor below it)."""
+        if not carry.layers:
+            return None
+        if self.residual_from == 'second':
+            return carry.layers[1] if len(carry.layers) > 1 else None
+        return carry.layers[max(a for a in self.anchors if a < self.n) - 1]
+
+    def queries(self, x, rope, lambda_n, source):
+        if self.c_q is None:  # shared_query: layer 1's Q1
+            return lambda_n[0] * source.q
+        q = self.heads(self.c_q, x, rope)
+        return lambda_n[0] * source.q + lambda_n[1] * q if self.mixes == 'query' else q  # RoPE: linear
+
+    def keys(self, x, rope, lambda_n, source, carry, kv_cache):
+        if self.shares_k:  # CLA / share-K: the previous layer's keys
+            return carry.layers[-1].k
+        if self.c_k is None:  # shared_key: layer 1's K1, every position's
+            return lambda_n[0] * source.k
+        k = self.heads(self.c_k, x, rope)
+        if self.mixes == 'key':  # the key residual, K'_n = λ1 K1 + λ2 K_n
+            k = lambda_n[0] * newest(source.k, k.size(2)) + lambda_n[1] * k
+        return k if kv_cache is None else kv_cache.store('k', self.k_slot, k)
+
+    def values(self, x, lambda_n, source, carry, kv_cache):
+        """(what the layer attends over, its own V_n at the new positions)."""
+        v1 = self.source_values(source, carry)
+        if self.shares_v:  # CLA / share-V: the previous layer's values
+            return carry.layers[-1].v, None
+        if self.bank is not None:
+            # Bank of Values: V_n = γ_v E_n[token], a function of the token ids alone, so the cache
+            # keeps those (AblationGPT.forward) and every position's values are looked up again
+            B, T = carry.tokens.shape
+            table = self.bank(carry.tokens).view(B, T, self.n_kv_head, self.head_dim)
+            v = self.gamma_v * table.transpose(1, 2)
+            fresh = newest(v, x.size(1))
+            return (lambda_n[0] * v1 + lambda_n[1] * v if self.takes_v1 else v), fresh
+        if self.svformer:
+            return super().values(x, lambda_n, v1, kv_cache), None
+        v = self.heads(self.c_v, x)                                       # V_n = x W_V
+        if self.value_embed is not None:  # nanochat: V_n += 3σ(W_g x[:12]) E_n[token], per head
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))
+            table = self.value_embed(carry.idx).view(*x.shape[:2], self.n_kv_head, self.head_dim)
+            v = v + gate.transpose(1, 2).unsqueeze(-1) * table.transpose(1, 2)
+        if self.dense is not None:  # Dense-ResFormer: V'_n = Σ_{i<n} w_{n,i} V_i + w_{n,n} V_n
+            earlier = [heads.fresh for heads in carry.layers] + [v]
+            mixed = sum(w * vi for w, vi in zip(self.dense, earlier))
+        else:
+            mixed = self.mix(lambda_n, v1, v)
+        return (mixed if kv_cache is None else kv_cache.store('v', self.v_slot, mixed)), v
+
+    def source_values(self, source, carry):
+        """What λ1 weighs: the source layer's values (every position's), or, at the new positions,
+        the previous layer's own V_{n-1} ('adjacent') or the mean of V_1 .. V_{n-1} ('previous')."""
+        if self.residual_from == 'adjacent' and carry.layers:
+            return carry.layers[-1].fresh
+        if self.residual_from == 'previous' and carry.layers:
+            return sum(heads.fresh for heads in carry.layers) / len(carry.layers)
+        return None if source is None else source.v
+
+    def attend(self, q, k, v, lambda_n, source, carry):
+        """(U (B, H, T, hd) before W_O, the attention matrix when it is computed explicitly)."""
+        dropout = self.dropout if self.training else 0.0
+        probs, repeat = None, self.n_head // self.n_kv_head
+        if self.explicit:  # the attention-matrix residual mixes A itself: A'_n = λ1 A1 + λ2 A_n
+            probs = attention_probs(q, k)
+            if self.mixes == 'attention':
+                probs = lambda_n[0] * source.attn + lambda_n[1] * probs
+            y = F.dropout(probs, dropout) @ v.repeat_interleave(repeat, dim=1)
+        elif self.mapping == 'cross':  # ICLR Eqn. 2: softmax(Q_n [K_n; K_1]^T) [V_n; V_1]
+            first = carry.layers[0]
+            y = cross_attention(q, k, v, first.k, first.v, dropout)
+        else:
+            y = attention(q, k, v, dropout)
+        if self.mapping == 'first':  # mapped by layer 1's attention: λ1 A1 V1 + λ2 A_n V_n
+            y = lambda_n[0] * source.out + lambda_n[1] * y
+        if self.mapping == 'identity':  # ICLR Eqn. 6: U_n = A_n V_n + 1/(n-1) Σ_{i<n} V_i
+            v_sum = sum(heads.fresh for heads in carry.layers)
+            y = y + (v_sum / len(carry.layers)).repeat_interleave(repeat, dim=1)
+        if self.neutreno_lambda:  # NeuTRENO: U_n += λ (V1 - V'_n)
+            T = q.size(2)
+            y = y + self.neutreno_lambda * (newest(source.v, T) - newest(v, T))
+        return y, probs
+
+
+def attention_probs(q, k):
+    """The causal attention matrix softmax(QK^T/sqrt(d_h)) as a tensor (B, H, T, T_k): for the
+    attention-matrix residual and for analysis, which need A itself rather than A·V."""
+    T, T_k = q.size(2), k.size(2)
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    return scores.masked_fill(~causal, float('-inf')).softmax(dim=-1)
+
+
+def cross_attention(q, k, v, k_first, v_first, dropout_p):
+    """ICLR Eqn. 2 with m = 1: one softmax over the layer's own keys and layer 1's, each causal (ours:
+    the paper gives no mask), concatenated along the positions; the values likewise."""
+    T, T_k = q.size(2), k.size(2)
+    causal = torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
+    return F.scaled_dot_product_attention(q, torch.cat([k, k_first], 2), torch.cat([v, v_first], 2),
+                                          attn_mask=torch.cat([causal, causal], 1),
+                                          dropout_p=dropout_p, enable_gqa=k.size(1) != q.size(1))
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: c_proj(gelu_tanh(c_fc(x))), with biases."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.ffn_hidden)
+        self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd)
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        y = self.c_proj(F.gelu(self.c_fc(x), approximate='tanh'))
+        return F.dropout(y, self.dropout, self.training)
+
+
+class AblationBlock(Block):
+    """Block with AblationAttention, the hidden residual, h0_residual and GPT-2's block."""
+
+    def __init__(self, config, n):
+        super().__init__(config, n, attention=AblationAttention)
+        self.adds_input = n > 1 or config.h0_residual
+        self.mixes_hidden = mixes(config, n) == 'hidden'
+        if config.backbone == 'gpt2':
+            self.norm_attn = nn.LayerNorm(config.n_embd, eps=config.norm_eps)
+            self.norm_mlp = nn.LayerNorm(config.n_embd, eps=config.norm_eps)
+            self.mlp = GeluMLP(config)
+
+    def forward(self, x, rope, lambda_n, carry, kv_cache):
+        """Returns (x, Heads)."""
+        h = self.norm_attn(x)
+        if self.mixes_hidden:  # hidden residual: the attention reads λ1 norm(H_s) + λ2 norm(x_n)
+            h = lambda_n[0] * self.norm_attn(carry.h_source) + lambda_n[1] * h
+        y, heads = self.attn(h, rope, lambda_n, carry, kv_cache)
+        x = x + y if self.adds_input else y
+        return x + self.mlp(self.norm_mlp(x)), heads
+
+
+class TokenKVCache(KVCache):
+    """KVCache, and the token ids a bank of values looks its values up from (instead of values)."""
+
+    TOKEN_ID_DTYPE = torch.long  # not int32: the cast makes a compiled decoder specialise on slices
+
+    def __init__(self, n_k_slots, n_v_slots, max_seq_len):
+        super().__init__(n_k_slots, n_v_slots, max_seq_len)
+        self.tokens = None
+
+    def store_tokens(self, idx):
+        """Write token ids (B, T) at self.pos; return every position's so far (B, pos + T)."""
+        B, T = idx.shape
+        if self.tokens is None:
+            self.tokens = idx.new_empty(B, self.max_seq_len, dtype=self.TOKEN_ID_DTYPE)
+        self.tokens[:, self.pos:self.pos + T] = idx
+        return self.tokens[:, :self.pos + T]
+
+
+class AblationGPT(GPT):
+    """GPT with this file's ablations, baselines and token tables, and the per-layer statistics that
+    lab/analyze.py reads. With none of them set it computes what GPT does, bit for bit."""
+
+    def __init__(self, config):
+        super().__init__(config, block=AblationBlock)
+        L = config.n_layer
+        # DenseFormer's α: block n's output weights X_0 .. X_n, started at the identity
+        self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(n), n + 1).float())
+                                    for n in range(1, L + 1)) if config.denseformer else None
+        self.wpe = None
+        if config.backbone == 'gpt2':  # learned positions, a final LayerNorm
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+            nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)
+            self.norm_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps)
+
+    def init_weights(self):
+        """GPT's init, the token tables drawn last (where GPT once held them: a seed gives the same
+        weights), then each layer's table init; GPT-2's: biases 0, its residual projections (W_O
+        and the MLP's c_proj) N(0, (0.02/√(2 n_layer))²), as Hugging Face's GPT-2."""
+        tables = self.token_tables()
+        normal_init(sorted(self.modules(), key=lambda m: m in tables))
+        for block in self.blocks:
+            block.attn.init_tables(self.wte.weight, self.config.norm_eps)
+        if self.config.backbone == 'gpt2':
+            for name, p in self.named_parameters():
+                if name.endswith('.bias'):
+                    nn.init.zeros_(p)
+                elif name.endswith('c_proj.weight'):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    @property
+    def lambdas(self):
+        table = super().lambdas
+        if self.config.value_rescale:  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
+            table = table / table.sum(dim=1, keepdim=True)
+        return table
+
+    def token_tables(self):
+        """The layers' token tables (value embeddings, banks of values), in layer order."""
+        return [table for block in self.blocks
+                for table in (block.attn.value_embed, block.attn.bank) if table is not None]
+
+    def num_params(self, exclude_embedding=False):
+        """GPT's, and without the token tables and learned positions when exclude_embedding."""
+        tables = self.token_tables() + ([self.wpe] if self.wpe is not None else [])
+        n = super().num_params(exclude_embedding)
+        return n - sum(t.weight.numel() for t in tables) if exclude_embedding else n
+
+    def embed(self, idx, kv_cache):
+        """GPT's, and GPT-2's learned positions in place of RoPE (added after the embedding's
+        dropout, where GPT-2 adds them before: the same at the paper's dropout of 0)."""
+        x, rope = super().embed(idx, kv_cache)
+        if self.wpe is None:
+            return x, rope
+        pos = 0 if kv_cache is None else kv_cache.pos
+        return x + self.wpe(torch.arange(pos, pos + idx.size(1), device=idx.device)), None
+
+    def new_kv_cache(self, max_seq_len=None):
+        """GPT's cache, with room for the token ids a bank of values keeps instead of its values."""
+        return TokenKVCache(*self.kv_slots, super().new_kv_cache(max_seq_len).max_seq_len)
+
+    def kv_bytes_per_token(self, element_size=2):
+        """GPT's, and the token id that a bank of values caches instead of its values."""
+        bank = self.config.value_bank * TokenKVCache.TOKEN_ID_DTYPE.itemsize
+        return super().kv_bytes_per_token(element_size) + bank
+
+    def forward(self, idx, targets=None, kv_cache=None, stats=None):
+        """GPT.forward, with Carry handed from block to block. stats: a dict to fill with per-layer
+        'attn', 'keys', 'values' (what each layer attends over) and 'hidden' (lab/analyze.py)."""
+        x, rope = self.embed(idx, kv_cache)
+        lambdas = self.lambdas
+        # the token ids of every position attended over, cached ones included: a bank's values
+        bank = kv_cache is not None and self.config.value_bank
+        carry = Carry(idx, kv_cache.store_tokens(idx) if bank else idx, x, stats)
+        for n, block in enumerate(self.blocks, start=1):
+            x = self.between_blocks(n, x, carry)
+            x, heads = block(x, rope, lambdas[n - 1], carry, kv_cache)
+            carry.layers.append(heads)
+        x = self.between_blocks(len(self.blocks) + 1, x, carry)
+        return self.head(x, targets, kv_cache)
+
+    def between_blocks(self, n, x, carry):
+        """The residual stream x before block n (n = n_layer + 1: after the last), where DenseFormer,
+        the statistics and the hidden residual's H_s act."""
+        if n > 1 and self.dwa is not None:  # DenseFormer: X_{n-1} becomes Σ_j α_{n-1,j} X_j
+            carry.streams.append(x)
+            x = sum(a * h for a, h in zip(self.dwa[n - 2], carry.streams))
+        stats = carry.stats
+        if stats is not None and n == 1:
+            stats.update(attn=[], keys=[], values=[], hidden=[])
+        elif stats is not None:  # block n - 1's A (computed here unless it was), K, V', output
+            prev = carry.layers[-1]
+            stats['attn'].append(attention_probs(prev.q, prev.k) if prev.attn is None else prev.attn)
+            stats['keys'].append(prev.k)
+            stats['values'].append(prev.v)
+            stats['hidden'].append(x)
+        if n == self.config.source_layer:
+            carry.h_source = x  # H_s, the source block's input (H0 = the embedding)
+        return x
