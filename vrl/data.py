@@ -1,11 +1,10 @@
 """
-Prepared data and the order it is read in. load_meta, open_split and open_val_domains check meta.json
-and the .bin files as they open them (every listed file present at its recorded size, every validation
-token id inside the vocabulary); prepare_command names the command that makes a folder. Batches depend on
-the seed and the step alone (seeded), so a resumed run and a run on any number of ranks read the same
-windows: drawn at random as nanoGPT does, or each once an epoch (WindowOrder). validation_sets and
-rank_pieces say what each evaluation scores and each rank's share; micro_batches each rank's share of a
-step.
+Prepared data and the order it is read in. open_dataset is train.py's one call: load_meta, open_split and
+open_val_domains check meta.json and the .bin files as they open them (every listed file present at its
+recorded size, every validation token id inside the vocabulary); prepare_command names the command that
+makes a folder. Batches depend on the seed and the step alone (seeded), so a resumed run and a run on
+any number of ranks read the same windows: drawn at random as nanoGPT does, or each once an epoch
+(WindowOrder). validation_sets says what each evaluation scores.
 """
 import fnmatch
 import functools
@@ -27,10 +26,43 @@ SLIMPAJAMA_COST = ("about 42 GB of disk and, projected, 12-15 minutes of tokeniz
                    "the download; `python lab/bench.py --node_check --nproc=8` checks a node without it")
 
 
+class Dataset:
+    """What train.py reads: meta (meta.json), train (the training split's token arrays, np.memmap),
+    by_domain (whether the validation split is kept by domain: SlimPajama), val and val_full
+    (validation_sets'), dir, prepare_command, and places(step, global_batch) (WindowOrder's)."""
+
+    def __init__(self, data_dir, block_size, seed, data_order, steps, global_batch, eval_iters, batch_size,
+                 every_window):
+        self.dir, self.prepare_command = data_dir, prepare_command(data_dir)
+        self.meta = load_meta(data_dir, 'train.py')
+        self.train = open_split(data_dir, 'train')
+        val_domains = open_val_domains(data_dir)
+        self.by_domain = val_domains is not None
+        windows = WindowOrder(self.train, block_size, seed, data_dir, data_order, val_domains)
+        windows.refuse_a_second_epoch(steps, global_batch, self.meta)
+        self.places = windows.places
+        self.val, self.val_full = validation_sets(data_dir, val_domains, eval_iters, batch_size,
+                                                  block_size, every_window)
+
+
+def open_dataset(data_dir, block_size, seed, data_order, steps, global_batch, eval_iters, batch_size,
+                 every_window):
+    """train.py's data, checked (a missing or damaged file stops it with one line naming the prepare.py
+    command): the windows of block_size + 1 tokens a step reads, global_batch of them, in the seeded
+    order data_order asks for (refused where 'epoch' would read one twice in that many steps), and the
+    validation windows each evaluation scores (eval_iters batches of batch_size; every window too where
+    every_window, eval_full, asks). See Dataset for what it holds."""
+    return Dataset(data_dir, block_size, seed, data_order, steps, global_batch, eval_iters, batch_size,
+                   every_window)
+
+
 def load_meta(data_dir, script="prepare.py"):
     """meta.json of a folder prepare.py finished, checked to be whole and consistent. script: who says a
     missing folder is missing (train.py says what preparing SlimPajama takes)."""
     path = os.path.join(data_dir, "meta.json")
+    if os.path.isdir(data_dir) and not os.access(data_dir, os.R_OK | os.X_OK):
+        raise SystemExit(f"{script}: the data folder {data_dir} is unreadable (permission denied); "
+                         "check its permissions")
     if not os.path.exists(path):
         cost = f" ({SLIMPAJAMA_COST})" if "slimpajama" in prepare_command(data_dir) else ""
         raise SystemExit(f"{script}: {path} not found; prepare the data first with "
@@ -54,6 +86,10 @@ def load_meta(data_dir, script="prepare.py"):
     if meta["max_token"] >= meta["vocab_size"]:
         raise SystemExit(f"prepare.py: {path} records token id {meta['max_token']} in a vocabulary of "
                          f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again")
+    if meta["tokenizer"] == "char" and len(meta.get("chars", "")) != meta["vocab_size"]:
+        raise SystemExit(f"prepare.py: {path} lists {len(meta.get('chars', ''))} characters for a "
+                         f"vocabulary of {meta['vocab_size']} (damaged); run `{prepare_command(data_dir)}` "
+                         "again")
     return meta
 
 
@@ -101,7 +137,11 @@ def open_files(data_dir, meta, names, split):
         if size != expected:
             raise SystemExit(f"prepare.py: {path} holds {size // 2:,} tokens, meta.json says "
                              f"{expected // 2:,}; {again}")
-        arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
+        try:
+            arrays.append(np.memmap(path, dtype=np.uint16, mode="r"))
+        except OSError as e:  # no read permission, an I/O error
+            raise SystemExit(f"prepare.py: {path} is unreadable ({e.strerror or e}); check its "
+                             f"permissions, or {again}") from None
     if split == "val":  # small enough to scan every token
         largest = max(int(array.max()) for array in arrays)
         if largest >= meta["vocab_size"]:
@@ -121,23 +161,6 @@ def prepare_command(data_dir):
         return known[name]
     tokenizer = next((f" --tokenizer={t}" for t in ("gpt2", "neox") if name.endswith(f"_{t}")), "")
     return f"python prepare.py --input=YOUR_CORPUS{tokenizer} --out_dir={data_dir}"
-
-
-def read_windows(shards, places, block_size, pin):
-    """The windows of block_size + 1 tokens at (shard, start) places, as one block of rows (B, T + 1) on
-    the CPU, pinned if pin (for a CUDA copy: copied whole and sliced on the device, as a slice's strides
-    would copy through pageable memory)."""
-    rows = torch.from_numpy(np.stack([shards[s][i:i + block_size + 1].astype(np.int64) for s, i in places]))
-    return rows.pin_memory() if pin else rows
-
-
-def check_token_ids(rows, meta, data_dir, run):
-    """Stop train.py with one line if the training rows (read_windows's) hold a token id outside the
-    vocabulary: open_split scans only the validation split, small; the training split is trusted."""
-    if rows.max() >= meta['vocab_size']:
-        raise SystemExit(f"train.py: {data_dir} holds token id {rows.max()}, outside the vocabulary of "
-                         f"{meta['vocab_size']}; run `{prepare_command(data_dir)}` again; "
-                         f"stopped, {run.kept()}")
 
 
 def seeded(seed, *keys):
@@ -221,6 +244,9 @@ def validation_sets(data_dir, val_domains, eval_iters, batch_size, block_size, e
     max_eval_samples=None); for a single corpus none, unless every_window (eval_full) asks for its
     every window (so Shakespeare's runs, and their results, stay as they were)."""
     def sample(shards, places, count, what):
+        if not places:
+            raise SystemExit(f"train.py: {what} holds no window of block_size + 1 = {block_size + 1} tokens; "
+                             "lower block_size")
         if len(places) < count:
             raise SystemExit(f"train.py: {what} has {len(places)} windows of {block_size} tokens, fewer than "
                              f"the {count} evaluation takes; lower eval_iters or batch_size")
@@ -235,21 +261,3 @@ def validation_sets(data_dir, val_domains, eval_iters, batch_size, block_size, e
     full_val_sets = {name: (shards, windows_of(shards, block_size)) for name, shards in val_domains.items()}
     return ({name: sample(shards, places, share, f"the validation split of domain {name}")
              for name, (shards, places) in full_val_sets.items()}, full_val_sets)
-
-
-def rank_pieces(sets, piece, rank, world_size):
-    """This rank's share of the windows of sets ({name: (shards, windows)}), in pieces of piece windows."""
-    return [(name, places[i:i + piece]) for name, (_, places) in sets.items()
-            for i in range(0, len(places), piece)][rank::world_size]
-
-
-def micro_batches(global_batch, world_size, rank, batch_size):
-    """The micro-batches of one rank as (start, stop) into the global batch: its contiguous share of
-    global_batch / world_size sequences, in pieces of at most batch_size."""
-    if global_batch % world_size:
-        raise SystemExit(f"train.py: the global batch, gradient_accumulation_steps x batch_size = "
-                         f"{global_batch} sequences, does not split evenly over {world_size} ranks; "
-                         f"make it a multiple of {world_size}")
-    share = global_batch // world_size
-    return [(rank * share + i, rank * share + min(i + batch_size, share))
-            for i in range(0, share, batch_size)]

@@ -1,13 +1,23 @@
 """
-The device and its memory: picking the device and precision, and refusing, in one line and before
-anything is allocated, a model that cannot fit (check_model_fits) or that would take days on a CPU that
-device='auto' fell back to (needs_gpu).
+The device and its memory: picking the device and precision (setup, train.py's one call), and refusing,
+in one line and before anything is allocated, a model that cannot fit (check_model_fits) or that would
+take days on a CPU that device='auto' fell back to (needs_gpu).
 """
-import contextlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+
+def setup(config, model_config, local_rank):
+    """(device, device_type, dtype name) for a train.py process with these settings (setup_device), after
+    checking that the model fits the device's memory (check_model_fits) and that a full-scale run does
+    not fall back to a CPU that device='auto' found instead of an unusable GPU (needs_gpu)."""
+    c = config
+    tokens = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size'] * c['max_iters']
+    needs = None if c['eval_only'] else needs_gpu(model_config, c['block_size'], tokens)
+    device, device_type, dtype = setup_device(c['device'], c['dtype'], local_rank, c['deterministic'], needs)
+    check_model_fits(model_config, device, training=not c['eval_only'])
+    return device, device_type, dtype
 
 
 def setup_device(device, dtype, local_rank, deterministic, needs_gpu):
@@ -31,18 +41,6 @@ def allow_tf32():
     setting torch.backends.cuda.matmul.fp32_precision instead leaves torch.get_float32_matmul_precision(),
     which inductor's autotuning reads, raising "mix of legacy and new APIs"; allow_tf32 warns."""
     torch.set_float32_matmul_precision('high')
-
-
-def reader_thread(device):
-    """A thread to read training windows in while the device computes. It pins memory for CUDA copies, so it
-    first sets the rank's device, as PyTorch's DataLoader pin thread does: a thread starts on GPU 0, and
-    every rank would open a context there (about 0.5 GB each; fatal on exclusive-process GPUs)."""
-    return ThreadPoolExecutor(1, initializer=set_device_of_thread, initargs=(device,))
-
-
-def set_device_of_thread(device):
-    if torch.device(device).type == 'cuda':
-        torch.cuda.set_device(device)
 
 
 def pick_device(device, needs_gpu=None):
@@ -141,20 +139,6 @@ def check_model_fits(cfg, device, training):
                        f"and vocab_size={cfg.vocab_size} make over {params:.3g} parameters, and "
                        f"{'training' if training else 'evaluating'} them",
                        "lower n_layer, n_embd or ffn_hidden, or use a device with more memory")
-
-
-@contextlib.contextmanager
-def memory_error_in_one_line(device):
-    """End train.py with one line if the block runs out of memory: a GPU's torch.OutOfMemoryError, or the CPU
-    allocator's "can't allocate memory" (a RuntimeError). Any other error (an ECC error, a busy GPU) stays
-    what it is."""
-    try:
-        yield
-    except RuntimeError as e:
-        if not (isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)):
-            raise
-        raise SystemExit(f"train.py: the model does not fit in {device} memory ({str(e).splitlines()[0]}); "
-                         f"use a smaller model (n_layer, n_embd, ...) or a device with more memory") from None
 
 
 def use_deterministic_kernels(device_type):

@@ -1,7 +1,6 @@
 """
 The numbers a run reports: each logged step's record and line, with MFU against one GPU's peak
-(PEAK_TFLOPS); the last evaluation's fields; and, before any long work, what the run will cost
-(estimate_time).
+(PEAK_TFLOPS), and, before any long work, what the run will cost (estimate_time).
 """
 import statistics
 import time
@@ -42,98 +41,44 @@ def flops_per_token(model, seq_len, causal=True):
     return 6 * model.num_params(exclude_embedding=True) + attention
 
 
-def mfu_peak(peak_tflops, device, say):
+def peak_of(peak_tflops, device):
     """One accelerator's peak TFLOP/s that MFU compares against: peak_tflops if given, else the GPU's in
-    PEAK_TFLOPS, else 0 (no MFU; always so on a CPU). On a GPU, say() which, or that there is none."""
-    gpu_name = torch.cuda.get_device_name(device) if torch.device(device).type == 'cuda' else None
-    peak = peak_tflops or PEAK_TFLOPS.get(gpu_name, 0.0)
-    if gpu_name:
-        source = 'peak_tflops' if peak_tflops else 'PEAK_TFLOPS'
-        say(f"MFU per GPU, of {peak:g} TFLOP/s ({source}: {gpu_name})" if peak
-            else f"no MFU: {gpu_name} is not in PEAK_TFLOPS (vrl/metrics.py); give one GPU's dense bf16 TFLOP/s "
-                 f"with --peak_tflops")
-    return peak
+    PEAK_TFLOPS, else 0 (no MFU; always so on a CPU)."""
+    if peak_tflops or torch.device(device).type != 'cuda':
+        return peak_tflops
+    return PEAK_TFLOPS.get(torch.cuda.get_device_name(device), 0.0)
 
 
-def step_record(step, train_loss, grad_norm, lr, tokens_per_sec, grad_norms, model, block_size, peak, ranks,
-                device):
-    """A training step's record for log.jsonl, and its line: the loss (the mean over ranks), the gradient norm
-    and rate, the job's tokens/s, and MFU, peak memory, learned λ and per-matrix gradient norms where they
-    apply."""
-    record = {'step': step, 'train_loss': train_loss, 'grad_norm': grad_norm, 'lr': lr,
+def step_record(step, loss, grad_norm, lr, tokens_per_sec, grad_norms, model, config, ranks, device):
+    """A logged step's record for log.jsonl, and its line: the loss (the mean over the log interval and the
+    ranks), the gradient norm and rate, the job's tokens/s, and MFU (per GPU, against peak_of's peak; 'mfu'
+    counts causal attention as a fused kernel does, 'mfu_palm' the full T x T as PaLM and nanoGPT do), peak
+    memory, learned λ and per-parameter gradient norms ({name: norm tensor}) where they apply."""
+    record = {'step': step, 'train_loss': loss.item(), 'grad_norm': grad_norm.item(), 'lr': lr,
               'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
-    if peak:  # of one GPU: what each rank trains on, against its peak; 'mfu_palm' counts the full T x T
-        # attention, as PaLM's and nanoGPT's MFU do
-        for key, causal in (('mfu', True), ('mfu_palm', False)):
-            record[key] = flops_per_token(model, block_size, causal) * (tokens_per_sec / ranks) / (peak * 1e12)
+    peak = peak_of(config['peak_tflops'], device)
+    for key, causal in (('mfu', True), ('mfu_palm', False)) if peak else ():
+        flops = flops_per_token(model, config['block_size'], causal)
+        record[key] = flops * (tokens_per_sec / ranks) / (peak * 1e12)
     if torch.device(device).type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
         record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
     if model.config.lambda_mode != 'fixed':
         record['lambdas'] = model.lambdas.tolist()
-    if grad_norms is not None:
-        record['grad_norms'] = grad_norms
+    if grad_norms is not None:  # one copy to the host, not a wait per parameter
+        record['grad_norms'] = dict(zip(grad_norms, torch.stack(list(grad_norms.values())).tolist()))
     mfu = (f", mfu {100 * record['mfu']:.1f}% (PaLM's count {100 * record['mfu_palm']:.1f}%) of "
            f"{peak:g} TFLOP/s per GPU" if peak else "")
     memory = (f", peak GPU memory {record['peak_memory_gib']:.1f} GiB" if 'peak_memory_gib' in record
               else "")
-    return record, (f"step {step}: loss {train_loss:.4f}, lr {lr:.2e}, {tokens_per_sec:,.0f} tok/s"
-                    f"{mfu}{memory}")
-
-
-def log_step(run, progress, say, step, train_loss, grad_norm, lr, tokens_per_sec, grad_norms, model,
-             block_size, peak, ranks, device):
-    """A logged step's record in log.jsonl (and wandb), its line, and the progress bar's loss: train_loss
-    (this rank's, on the device) is first averaged over the ranks."""
-    if ranks > 1:  # the mean over ranks (gloo has no ReduceOp.AVG in older torch, 2.5.1 say)
-        torch.distributed.all_reduce(train_loss)
-        train_loss /= ranks
-    record, line = step_record(step, train_loss.item(), grad_norm.item(), lr, tokens_per_sec, grad_norms,
-                               model, block_size, peak, ranks, device)
-    run.log(record)
-    progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
-    say(line)
-
-
-class Throughput:
-    """Tokens a second over the training steps since the last reset (an evaluation's time not counted)."""
-
-    def __init__(self, tokens_per_step):
-        self.tokens_per_step = tokens_per_step
-        self.reset()
-
-    def reset(self):
-        self.start, self.steps = time.time(), 0
-
-    def step(self):
-        self.steps += 1
-
-    def tokens_per_sec(self):
-        """The rate since the last reset, and a reset."""
-        rate = self.tokens_per_step * self.steps / (time.time() - self.start)
-        self.reset()
-        return rate
+    return record, (f"step {step}: loss {record['train_loss']:.4f}, lr {lr:.2e}, {tokens_per_sec:,.0f} "
+                    f"tok/s{mfu}{memory}")
 
 
 def grad_norms(model):
-    """{name: norm} of every parameter's gradient, e.g. layer 1's W_V against W_O (v5 Sec. 4.3):
-    one fused kernel per dtype and one copy to the host, not a wait for the device per parameter."""
+    """{name: norm} of every parameter's gradient (lab/bench.py's, tests'): one fused kernel per dtype."""
     named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
     norms = torch.stack(torch._foreach_norm([grad for _, grad in named])).tolist()
     return {name: norm for (name, _), norm in zip(named, norms)}
-
-
-def full_evaluation(losses, full_val_sets):
-    """The log record's fields and the line's words of an evaluation on every validation window: losses is
-    train.py's evaluate(full_val_sets, ...)."""
-    loss, domain_losses = losses
-    full = {'val_loss_full': loss, 'val_loss_full_domains': domain_losses,
-            'val_windows_full': sum(len(places) for _, places in full_val_sets.values())}
-    return full, f"; all {full['val_windows_full']:,} windows: {loss:.4f}{by_domain(domain_losses)}"
-
-
-def by_domain(losses):
-    """' (domain loss, ...)' to follow a printed val loss, or nothing for one validation split."""
-    return '' if losses is None else f" ({', '.join(f'{name} {loss:.4f}' for name, loss in losses.items())})"
 
 
 def mean_domain_losses(scored):
@@ -165,6 +110,7 @@ def estimate_time(train_step, eval_batch, counts, amp, model, optimizer, compile
     eval_batches, full_eval_batches = counts
     first_step, max_iters, eval_interval = schedule
     fresh = not optim.has_state(optimizer)
+    say(f"timing {2 + compiled + TIMED_PASSES} steps for an estimate of the run's cost")
 
     def step():
         train_step()
@@ -183,8 +129,8 @@ def estimate_time(train_step, eval_batch, counts, amp, model, optimizer, compile
     step, batch = statistics.median(steps), eval_times[0]
     compiling = warming + eval_warming - (2 + compiled) * steps[0] - compiled * eval_times[0]
     compiling = f"; compiling took {duration(compiling)}" if compiled else ""
-    first_eval = -(-first_step // eval_interval) * eval_interval
-    evaluations = len(set(range(first_eval, max_iters + 1, eval_interval)) | {max_iters})
+    first_eval = -(-first_step // eval_interval) * eval_interval  # every multiple, and the last step
+    evaluations = max(0, (max_iters - first_eval) // eval_interval + 1) + (max_iters % eval_interval > 0)
     full = evaluations if every_window else 1
     to_go = max_iters - first_step
     say(f"about {duration(step)} a step ({duration(min(steps))} to {duration(max(steps))} over "

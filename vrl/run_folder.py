@@ -4,6 +4,7 @@ what a kill left tidied, checkpoints written atomically, the log cut back on res
 checkpoint back (load_checkpoint), resuming only with the data and settings it was trained with
 (check_resume).
 """
+import atexit
 import contextlib
 import errno
 import json
@@ -26,23 +27,34 @@ RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
 
 class RunFolder:
     """out_dir and the files a run writes there (RUN_FILES). Only the process that writes (writes=True: rank
-    0, unless eval_only) saves and logs."""
+    0, unless eval_only) takes out_dir's lock, checks it under the lock and writes; it lets go when the
+    process ends (atexit; the OS when it is killed). saves=False (save_checkpoint=False): no ckpt.pt or
+    best.pt. A fresh run that overwrites, or a resumed one, changes the old files only when it first
+    writes: a run that fails before that leaves them as they were."""
 
-    def __init__(self, out_dir, writes, wandb=None, saves=True):
-        self.out_dir, self.writes, self.wandb = out_dir, writes, wandb
-        self.saves = saves  # False (save_checkpoint=False): never write ckpt.pt or best.pt
+    def __init__(self, out_dir, init_from, overwrite, writes, saves=True):
+        self.out_dir, self.writes, self.saves = out_dir, writes, saves
         self.ckpt_path, self.best_path, self.log_path = (os.path.join(out_dir, name) for name in RUN_FILES)
         self.saved_step = None  # the step of the last good checkpoint, once there is one
         self.lock, self.made_out_dir = None, False
+        self.before_first_write = 'overwrite' if overwrite else None  # or ('resume', step), below
+        if writes:
+            self.take(init_from, overwrite)
 
-    def check_can_start(self, init_from, overwrite, eval_only):
-        """Before anything touches it: out_dir is a folder, holds no run unless told what to do with it, and
-        can be made and written to. Not for eval_only, the one run that writes nothing."""
-        if eval_only:
-            return
+    def take(self, init_from, overwrite):
+        """Make out_dir and hold out_dir/.lock, then check under it that out_dir holds no run unless told what
+        to do with it: a run that starts while another ends into the same folder sees its files."""
         if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):
-            raise SystemExit(f"train.py: out_dir={self.out_dir} is a file, not a folder; "
-                             f"pick another --out_dir")
+            raise SystemExit(f"train.py: out_dir={self.out_dir} is a file, not a folder; pick another --out_dir")
+        try:
+            self.made_out_dir = not os.path.isdir(self.out_dir)
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.lock = locks.hold(os.path.join(self.out_dir, '.lock'), 'train.py', self.refusal)
+            atexit.register(self.let_go)
+            tempfile.TemporaryFile(dir=self.out_dir).close()
+        except OSError as e:
+            raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e.strerror or e}); "
+                             f"pick another --out_dir") from None
         existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.out_dir, name))]
         if existing and init_from == 'scratch' and not overwrite:
             raise SystemExit(f"train.py: {self.out_dir} already holds a run ({', '.join(existing)}); "
@@ -50,43 +62,28 @@ class RunFolder:
                              f"(deletes it), or pick another --out_dir")
         # a resume reads the log whole, to cut it back to the checkpoint's step
         cli.refuse_pipe(self.log_path, "train.py: the run's log", "remove it, or replace it with a file")
-        writable = self.out_dir
-        while not os.path.exists(writable):  # the folder that will hold out_dir once it is made
-            writable = os.path.dirname(os.path.abspath(writable))
-        try:
-            tempfile.TemporaryFile(dir=writable).close()
-        except OSError as e:
-            raise SystemExit(f"train.py: cannot write to {writable} ({e.strerror}); "
-                             f"pick another --out_dir") from None
+        self.remove_half_written_files()
 
-    def take(self, overwrite, resumed_step):
-        """Make out_dir and hold out_dir/.lock while this process lives, so a second run into it is refused
-        (one that dies, even by SIGKILL, lets go: locks.hold); remove the half-written files of a killed
-        run; then delete the old run (overwrite) or, resuming from resumed_step, cut the log back to what it
-        said up to the checkpoint (its evaluation is repeated, so not its val record). Only the writer."""
-        if not self.writes:
-            return
-        try:
-            self.made_out_dir = not os.path.isdir(self.out_dir)
-            os.makedirs(self.out_dir, exist_ok=True)
-            self.lock = locks.hold(os.path.join(self.out_dir, '.lock'), 'train.py', self.refusal)
-            self.remove_half_written_files()
-            if overwrite:
-                for name in RUN_FILES:
-                    if os.path.exists(os.path.join(self.out_dir, name)):
-                        os.remove(os.path.join(self.out_dir, name))
-            if resumed_step is not None and os.path.exists(self.log_path):
-                with open(self.log_path, 'rb') as f:  # bytes: a line that is not UTF-8 is no record
-                    kept = [line for line in f if is_record_before(line, resumed_step)]
-                with open(self.log_path + '.tmp', 'wb') as f:
-                    f.writelines(kept)
-                os.replace(self.log_path + '.tmp', self.log_path)
-        except OSError as e:
-            raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e}); "
-                             f"pick another --out_dir") from None
+    def resume(self, model_config, config, data_meta, eval_only):
+        """(model, checkpoint) of ckpt.pt, checked to continue exactly (check_resume) before anything
+        touches out_dir; its step is then the last good one, and the log is cut back to it when the run
+        first writes (an evaluation its checkpoint holds stays: the run does not repeat it)."""
+        model, checkpoint = load_checkpoint(self.ckpt_path, resuming=True)
+        check_resume(checkpoint, self.ckpt_path, model.config, model_config, config, data_meta, eval_only)
+        broken = next((name for name, w in model.state_dict().items()
+                       if w.is_floating_point() and not torch.isfinite(w).all()), None)
+        if broken and not eval_only:
+            raise SystemExit(f"train.py: {self.ckpt_path} holds NaN or inf weights ({broken}), so it cannot "
+                             f"be resumed; start over with --overwrite=True, or resume from a copy of best.pt")
+        self.saved_step = checkpoint['iter_num']
+        checkpoint.setdefault('last_eval', None)  # written by a train.py before it kept the last evaluation
+        checkpoint.setdefault('loss_since_log', (0.0, 0))  # or before it logged interval means
+        evaluated = (checkpoint['last_eval'] or {}).get('step') == self.saved_step
+        self.before_first_write = ('resume', self.saved_step, evaluated)
+        return model, checkpoint
 
     def let_go(self):
-        """At the end of the run, whatever ended it: let go of out_dir's lock. A run that wrote nothing
+        """At the end of the process, whatever ended it: let go of out_dir's lock. A run that wrote nothing
         there, in an out_dir it made (a start refused partway), leaves no trace: the lock files and the
         folder go too."""
         if self.lock is None:
@@ -116,21 +113,37 @@ class RunFolder:
                           file=sys.stderr)
                 os.remove(path)
 
+    def first_write(self):
+        """Before the run's first write: delete the old run (overwrite), or cut the log of a resumed one back
+        to what it said up to the checkpoint's step."""
+        pending, self.before_first_write = self.before_first_write, None
+        if pending == 'overwrite':
+            for name in RUN_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.out_dir, name))
+        elif pending and os.path.exists(self.log_path):
+            _, step, evaluated = pending
+            with open(self.log_path, 'rb') as f:  # bytes: a line that is not UTF-8 is no record
+                kept = [line if line.endswith(b'\n') else line + b'\n'
+                        for line in f if is_record_before(line, step, evaluated)]
+            with open(self.log_path + '.tmp', 'wb') as f:
+                f.writelines(kept)
+            os.replace(self.log_path + '.tmp', self.log_path)
+
     def save(self, checkpoint, best):
-        """Write ckpt.pt, and best.pt too when best, from one serialization: each atomically (a crash
-        mid-write leaves the previous file intact), best.pt first (a kill between the two repeats that
-        evaluation on resume), and best.pt as a second name of the same file where the filesystem has hard
-        links, else a copy. Nothing with saves=False."""
-        if not self.saves:
+        """Write ckpt.pt, and best.pt too when best, each atomically (a crash mid-write leaves the previous
+        file intact) and each its own file (damage to one leaves the other), best.pt first (a kill between the
+        two repeats that evaluation on resume). Only the writer; nothing with saves=False."""
+        if not (self.writes and self.saves):
             return
         written = self.ckpt_path + '.tmp'
         try:
-            if os.path.lexists(written):  # a killed save's, perhaps linked to best.pt: never write through it
-                os.remove(written)
-            checkpoint['checksums'] = checksums(checkpoint)  # checked when it is read (load_checkpoint)
+            if self.before_first_write:
+                self.first_write()
+            checkpoint['checksum'] = checksum(checkpoint)  # checked when it is read (load_checkpoint)
             torch.save(checkpoint, written)
             if best:
-                link_or_copy(written, self.best_path + '.tmp')
+                shutil.copyfile(written, self.best_path + '.tmp')
                 os.replace(self.best_path + '.tmp', self.best_path)
             os.replace(written, self.ckpt_path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
@@ -141,32 +154,20 @@ class RunFolder:
             self.cannot_write(self.ckpt_path, e, full)
         self.saved_step = checkpoint['iter_num']
 
-    def save_at_stop(self, checkpoint, nonfinite, how):
-        """After a stop signal, save the step the run stopped at (checkpoint() gives it) unless its loss had
-        become NaN or inf, and say so in one line."""
+    def log(self, record):
+        """Append record to log.jsonl (only the writer)."""
         if not self.writes:
             return
-        state = checkpoint()
-        if not self.saves:
-            outcome = "nothing saved (save_checkpoint=False)"
-        elif nonfinite.seen():
-            outcome = f"the loss had become NaN or inf, so nothing saved; {self.kept()}"
-        else:
-            self.save(state, best=False)
-            outcome = f"saved {self.ckpt_path}; continue with --init_from=resume and the same settings"
-        print(f"train.py: {how} at step {state['iter_num']}; {outcome}", file=sys.stderr)
+        try:  # a record cut short by a full disk is skipped on resume, like one cut by a kill
+            if self.before_first_write:
+                self.first_write()
+            with open(self.log_path, 'a+b') as f:
+                ends_a_line = f.tell() == 0 or (f.seek(-1, os.SEEK_END) or f.read(1) == b'\n')
+                f.write((b'' if ends_a_line else b'\n') + (json.dumps(record) + '\n').encode())
+        except OSError as e:
+            self.cannot_write(self.log_path, e, is_disk_full(e))
 
-    def log(self, record):
-        """Append record to log.jsonl (and wandb)."""
-        if self.writes:
-            try:  # a record cut short by a full disk is skipped on resume, like one cut by a kill
-                with open(self.log_path, 'a') as f:
-                    f.write(json.dumps(record) + '\n')
-            except OSError as e:
-                self.cannot_write(self.log_path, e, is_disk_full(e))
-            if self.wandb:
-                self.wandb.log(record, step=record['step'])
-
+    @property
     def kept(self):
         """What a run that stops now leaves, for the line that says why it stopped."""
         return (f"{self.ckpt_path} (step {self.saved_step}) is the last good checkpoint"
@@ -175,15 +176,16 @@ class RunFolder:
     def cannot_write(self, path, error, full=False):
         why = "no space left on device" if full else f"{type(error).__name__}: {error}"
         raise SystemExit(f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, "
-                         f"{self.kept()}") from None
+                         f"{self.kept}") from None
 
 
-def is_record_before(line, step):
-    """Whether a line of log.jsonl is a record of a step before step, or step's training record: what a run
-    resumed at step keeps. A line cut by a kill or a full disk, or not a record, is not."""
+def is_record_before(line, step, evaluated=False):
+    """Whether a line of log.jsonl is a record of a step before step, or step's training record (or its
+    evaluation, where the checkpoint holds it): what a run resumed at step keeps. A line cut by a kill or a
+    full disk, or not a record, is not."""
     try:
         record = json.loads(line)
-        return record['step'] < step or (record['step'] == step and 'val_loss' not in record)
+        return record['step'] < step or (record['step'] == step and (evaluated or 'val_loss' not in record))
     except (ValueError, TypeError, KeyError):
         return False
 
@@ -196,10 +198,37 @@ def is_disk_full(error):
     return any(words in str(error) for words in ('unexpected pos', 'file write failed', 'No space left'))
 
 
-def checksums(checkpoint):
-    """CRC-32 of each tensor's bytes in a checkpoint (the weights, the optimizer's moments, ...), in the order
-    the checkpoint holds them: recorded when it is written, compared when it is read, so that a flipped byte
-    in ckpt.pt stops a resume instead of training on. About 0.4 s a GB on one core (docs/training.md)."""
+def checksum(checkpoint):
+    """One CRC-32 of a whole checkpoint: each tensor's bytes (the weights, the optimizer's moments, ...) and
+    every other field (steps, settings, the data's meta), in the order it holds them. Written with the
+    checkpoint, compared when it is read, so a flipped byte anywhere in ckpt.pt stops a resume as damage
+    instead of training on. About 0.4 s a GB on one core (docs/training.md)."""
+    crc = 0
+    def walk(value):
+        nonlocal crc
+        if isinstance(value, torch.Tensor):  # a flat copy where strided (a 1-element slice may be)
+            flat = value.detach().reshape(-1).cpu()
+            if flat.numel() and flat.stride(0) != 1:
+                flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+            crc = zlib.crc32(f"tensor {value.dtype} {tuple(value.shape)}".encode(), crc)
+            crc = zlib.crc32(flat.view(torch.uint8).numpy(), crc)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if key not in ('checksum', 'checksums'):
+                    crc = zlib.crc32(repr(key).encode(), crc)
+                    walk(item)
+        elif isinstance(value, (list, tuple)):
+            crc = zlib.crc32(f"{type(value).__name__} {len(value)}".encode(), crc)
+            for item in value:
+                walk(item)
+        else:
+            crc = zlib.crc32(repr(value).encode(), crc)
+    walk(checkpoint)
+    return crc
+
+
+def tensor_checksums(checkpoint):
+    """CRC-32 of each tensor's bytes in a checkpoint, in order: what older train.py wrote ('checksums')."""
     def tensors(value):
         if isinstance(value, torch.Tensor):
             yield value
@@ -210,7 +239,7 @@ def checksums(checkpoint):
         elif isinstance(value, (list, tuple)):
             for item in value:
                 yield from tensors(item)
-    def as_bytes(tensor):  # a flat copy where the tensor is strided (a 1-element slice may have stride 2)
+    def as_bytes(tensor):
         flat = tensor.detach().reshape(-1).cpu()
         if flat.numel() and flat.stride(0) != 1:
             flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
@@ -218,33 +247,10 @@ def checksums(checkpoint):
     return [zlib.crc32(as_bytes(t)) for t in tensors(checkpoint)]
 
 
-def link_or_copy(source, target):
-    if os.path.lexists(target):
-        os.remove(target)
-    try:
-        os.link(source, target)
-    except OSError:  # no hard links here (some network and FUSE filesystems)
-        shutil.copyfile(source, target)
-
-
-def resume(run, model_config, config, data_meta, eval_only):
-    """(model, checkpoint) of run's ckpt.pt, checked to continue exactly (check_resume) before anything
-    touches out_dir; run then knows the checkpoint's step as its last good one."""
-    model, checkpoint = load_checkpoint(run.ckpt_path)
-    check_resume(checkpoint, run.ckpt_path, model.config, model_config, config, data_meta, eval_only)
-    broken = next((name for name, w in model.state_dict().items()
-                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
-    if broken and not eval_only:
-        raise SystemExit(f"train.py: {run.ckpt_path} holds NaN or inf weights ({broken}), so it cannot be "
-                         f"resumed; start over with --overwrite=True, or resume from a copy of best.pt")
-    run.saved_step = checkpoint['iter_num']
-    checkpoint.setdefault('last_eval', None)  # written by a train.py before it was saved
-    return model, checkpoint
-
-
-def load_checkpoint(path, device='cpu', model_type=build_model):
+def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
     """(model, checkpoint) from a checkpoint of train.py; a missing, damaged or piped file exits with one
-    line. model_type: the class to build (analyze.py's AblationGPT records statistics)."""
+    line, as does one with NaN or inf weights unless resuming (which says so itself). model_type: what
+    builds the model (analyze.py's AblationGPT records statistics)."""
     cli.refuse_pipe(path, "checkpoint", "point to a checkpoint file written by train.py")
     try:
         # mmap: tensors are read from the page cache as they are used, so 8 ranks resuming a 1.6B run (about
@@ -252,7 +258,8 @@ def load_checkpoint(path, device='cpu', model_type=build_model):
         # which cannot replace a file while it is mapped (a CPU run's optimizer state keeps pointing into it).
         checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=os.name != 'nt')
     except FileNotFoundError:
-        raise SystemExit(f"checkpoint {path} not found; train one with `python train.py`") from None
+        raise SystemExit(f"checkpoint {path} not found; train one first (python train.py --out_dir=...)") \
+            from None
     except OSError as e:  # a folder or file without read permission, an I/O error
         raise SystemExit(f"checkpoint {path} is unreadable ({(e.strerror or str(e)).lower()}); check its "
                          f"permissions or point to another checkpoint") from None
@@ -263,20 +270,38 @@ def load_checkpoint(path, device='cpu', model_type=build_model):
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
         raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
                          "(no model or model_args)")
-    if 'checksums' in checkpoint and checksums(checkpoint) != checkpoint['checksums']:  # older: none
-        raise SystemExit(f"checkpoint {path} is damaged: its tensors no longer match the checksums written "
-                         "with them (a flipped byte on disk or in a copy); use another checkpoint")
+    if ('checksum' in checkpoint and checksum(checkpoint) != checkpoint['checksum']
+            or 'checksums' in checkpoint and tensor_checksums(checkpoint) != checkpoint['checksums']):
+        raise SystemExit(f"checkpoint {path} is damaged: it no longer matches the checksum written with it "
+                         "(a flipped byte on disk or in a copy); use another checkpoint (best.pt is a "
+                         "separate file)")
     if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
         raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
                          "point to a checkpoint written by train.py")
     try:
-        model = model_type(GPTConfig(**checkpoint['model_args']))
+        model = model_type(GPTConfig(**current_args(checkpoint['model_args'])))
         model.load_state_dict({current_name(k): v for k, v in checkpoint['model'].items()})
     except Exception as e:  # weights or settings that do not fit this version of the model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SystemExit(f"checkpoint {path} does not fit this model.py ({reason}); "
                          "re-train or point to another checkpoint") from None
+    broken = next((name for name, w in model.state_dict().items()
+                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
+    if broken and not resuming:
+        raise SystemExit(f"checkpoint {path} holds NaN or inf weights ({broken}): its run diverged; "
+                         "point to an earlier checkpoint (best.pt)")
     return model.to(device), checkpoint
+
+
+def current_args(model_args):
+    """A checkpoint's model_args in today's names: residual_source (0-based) is residual_from, and
+    tie_embeddings (never set by a config) is gone."""
+    args = dict(model_args)
+    if 'residual_source' in args:
+        args['residual_from'] = ('first', 'second')[args.pop('residual_source')]
+    if not args.pop('tie_embeddings', False):
+        return args
+    raise ValueError("tie_embeddings=True is no longer built")
 
 
 def current_name(key):
@@ -284,18 +309,22 @@ def current_name(key):
     model (ours never saves them), and a token table's of before it moved into its layer renamed
     (value_embeds.3.weight: blocks.3.attn.value_embed.weight; value_bank.5.weight: ...attn.bank.weight)."""
     key = re.sub(r'^(module\.|_orig_mod\.)+', '', key)
+    key = {'lambda_v1': 'lambda_1', 'lambda_vn': 'lambda_2', 'lambda_logits': 'lambda_prime'}.get(key, key)
     key = re.sub(r'^value_embeds\.(\d+)\.', r'blocks.\1.attn.value_embed.', key)
     return re.sub(r'^value_bank\.(\d+)\.', r'blocks.\1.attn.bank.', key)
 
 
-# The settings a resumed run may change: where it writes and what it reports, the device it runs on and the
-# memory it takes (micro_batch_size: the same batches), and where it stops (max_iters, on purpose). Every
-# other one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss), so it
-# must match the checkpoint's; so must the data (its meta.json).
+# The settings a resumed run may change: where it writes and what it reports, the device it runs on, and
+# where it stops (max_iters, max_time, on purpose); batch_size too, for memory, where the step's sequences
+# (gradient_accumulation_steps x batch_size) and the evaluation's (eval_iters x batch_size) stay the same.
+# Every other one shapes the batches, the update or the numbers the run compares (eval_iters: best_val_loss),
+# so it must match the checkpoint's; so must the data (its meta.json).
 MAY_CHANGE_ON_RESUME = ('out_dir', 'init_from', 'overwrite', 'save_checkpoint', 'eval_interval',
                         'log_interval', 'eval_only', 'wandb_log', 'wandb_project', 'wandb_run_name',
                         'log_grad_norms', 'dataset', 'data_dir', 'max_iters', 'device', 'compile',
-                        'peak_tflops', 'micro_batch_size')
+                        'peak_tflops', 'ckpt_interval', 'max_time', 'batch_size',
+                        'gradient_accumulation_steps', 'eval_iters')
+SEQUENCES = (('gradient_accumulation_steps', 'a step'), ('eval_iters', 'an evaluation'))
 
 
 def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config, data_meta, eval_only):
@@ -327,6 +356,10 @@ def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config
     # a setting added to train.py since the checkpoint was written counts as unchanged
     changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config if key not in
                MAY_CHANGE_ON_RESUME and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
+    for key, what in SEQUENCES:
+        before, now = saved_config[key] * saved_config['batch_size'], config[key] * config['batch_size']
+        if before != now:
+            changed.append(f"{key} x batch_size = {before} sequences {what} (now {now})")
     if changed and not eval_only:
         raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; "
                          f"resume with the settings it was trained with, or start over with --overwrite=True")

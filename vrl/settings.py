@@ -1,14 +1,15 @@
 """
-train.py's settings checked before anything touches out_dir (check_settings), and the model they
-describe (model_config).
+train.py's settings checked before anything touches out_dir (check), and the model they describe
+(model_config).
 """
 import math
+import os
 from dataclasses import fields
 from types import SimpleNamespace
 
 import torch
 
-from ablations import AblationConfig as GPTConfig
+from ablations import AblationConfig
 
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -17,10 +18,20 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 MAX_LAYERS = 1024
 
 
-def check_settings(config):
+def check(config, world_size):
+    """End train.py with one line at the first setting out of range or combination that cannot run (a
+    step's passes that do not split over the ranks, wandb missing, several SLURM tasks without torchrun),
+    before anything touches out_dir: a run that cannot start changes nothing on disk."""
+    check_settings(config, world_size)
+    if config['wandb_log']:
+        import_wandb()
+
+
+def check_settings(config, world_size=1):
     """End train.py with one line at the first setting out of range, before anything touches out_dir: a run
     that cannot start changes nothing on disk."""
     c = SimpleNamespace(**config)
+    tasks = int(os.environ.get('SLURM_NTASKS', '1') or 1)
     for ok, problem in [
         (c.init_from in ('scratch', 'resume'), f"init_from={c.init_from!r}; use 'scratch' or 'resume'"),
         (not (c.overwrite and c.init_from == 'resume'),
@@ -33,12 +44,21 @@ def check_settings(config):
         (c.save_checkpoint or c.init_from == 'scratch',
          "save_checkpoint=False with init_from='resume' would continue a run and save none of it; "
          "drop one"),
-        (c.batch_size >= 1, f"batch_size={c.batch_size}; use 1 or more sequences"),
-        (c.micro_batch_size is None or c.micro_batch_size >= 1,
-         f"micro_batch_size={c.micro_batch_size}; use 1 or more sequences"),
+        # srun python train.py: every SLURM task would train alone on GPU 0, silently
+        (tasks <= 1 or 'RANK' in os.environ,
+         f"{tasks} SLURM tasks but no torchrun: each would train alone; start one task per node with "
+         f"`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...` (docs/training.md)"),
+        (c.batch_size >= 1, f"batch_size={c.batch_size}; use 1 or more sequences a pass"),
         (c.block_size >= 1, f"block_size={c.block_size}; use 1 or more tokens"),
         (c.gradient_accumulation_steps >= 1,
          f"gradient_accumulation_steps={c.gradient_accumulation_steps}; use 1 or more"),
+        (c.gradient_accumulation_steps % world_size == 0,
+         f"gradient_accumulation_steps={c.gradient_accumulation_steps} passes a step do not split over "
+         f"{world_size} ranks; use a multiple of {world_size} (nanoGPT's meaning: all ranks together)"),
+        (c.ckpt_interval >= 0 and c.max_time >= 0,
+         f"ckpt_interval={c.ckpt_interval}, max_time={c.max_time}; use 0 (off) or more"),
+        # a depth no config means: an evaluation step list, a progress bar, an estimate are all sized by it
+        (c.max_iters <= 10 ** 9, f"max_iters={c.max_iters}; use at most 10**9 steps"),
         (c.max_iters >= 0, f"max_iters={c.max_iters}; use 0 (evaluate only) or more steps"),
         (c.eval_interval >= 1, f"eval_interval={c.eval_interval}; use 1 or more steps"),
         (c.log_interval >= 1, f"log_interval={c.log_interval}; use 1 or more steps"),
@@ -59,10 +79,9 @@ def check_settings(config):
          f"use 0 <= warmup_iters <= lr_decay_iters"),
         (0 <= c.weight_decay < math.inf and 0 <= c.grad_clip < math.inf,
          f"weight_decay={c.weight_decay}, grad_clip={c.grad_clip}; use finite values, 0 or more"),
-        (c.optimizer in ('adamw', 'muon'), f"optimizer={c.optimizer!r}; use 'adamw' or 'muon'"),
-        (c.optimizer == 'adamw' or hasattr(torch.optim, 'Muon'),
-         f"optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later (this is torch "
-         f"{torch.__version__}); upgrade torch, or use optimizer='adamw'"),
+        (not c.muon or hasattr(torch.optim, 'Muon'),
+         f"muon=True needs torch.optim.Muon, in torch 2.9 and later (this is torch "
+         f"{torch.__version__}); upgrade torch, or train with AdamW alone (muon=False)"),
         (0 < c.muon_lr < math.inf and c.muon_adjust_lr in ('original', 'match_rms_adamw'),
          f"muon_lr={c.muon_lr}, muon_adjust_lr={c.muon_adjust_lr!r}; use a finite rate above 0, and "
          f"'original' or 'match_rms_adamw'"),
@@ -84,29 +103,20 @@ def lr_scales_ok(lr_scales):
                     for _, m in lr_scales))
 
 
-def check_lr_scales(lr_scales, model):
-    """End train.py with one line if lr_scales names what is not a parameter of model."""
-    unknown = sorted({name for name, _ in lr_scales} - {name for name, _ in model.named_parameters()})
-    if unknown:
-        raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: lr_scales names {', '.join(unknown)}, "
-                         f"not parameters of this model (names like blocks.0.attn.c_v.weight)")
-
-
 def model_config(config, vocab_size):
-    """The GPTConfig of train.py's settings, its vocabulary vocab_size padded to a multiple of 64 (faster
-    matmuls); a bad setting ends train.py with one line."""
-    args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name in config}
+    """The AblationConfig of train.py's settings, its vocabulary vocab_size padded to a multiple of 64
+    (faster matmuls); a bad setting ends train.py with one line."""
+    args = {f.name: config[f.name] for f in fields(AblationConfig) if f.name in config}
     try:
-        return GPTConfig(**args | {'vocab_size': -(-vocab_size // 64) * 64})
+        return AblationConfig(**args | {'vocab_size': -(-vocab_size // 64) * 64})
     except (TypeError, ValueError) as e:
         raise SystemExit(f"train.py: bad model settings: {e}")
 
 
 def import_wandb():
-    """wandb, imported only when wandb_log asks for it."""
+    """Whether wandb imports (only when wandb_log asks for it): one line if not."""
     try:
-        import wandb
+        import wandb  # noqa: F401
     except ImportError:
         raise SystemExit("train.py: wandb_log=True needs wandb; pip install wandb, "
                          "or drop --wandb_log") from None
-    return wandb
