@@ -195,7 +195,8 @@ def owns(config, n, what):
     zero_own = config.value_residual and n > config.source_layer and config.lambda_mode == 'fixed' \
         and config.lambdas[n - 1][1] == 0 and mixes(config, n) == {'q': 'query', 'k': 'key'}.get(
             what, 'value') and config.value_mapping == 'current'
-    return not (zero_own or shares_prev(config, n, what) or what == 'v' and in_value_bank(config, n))
+    return not (zero_own or what != 'q' and shares_prev(config, n, what)
+                or what == 'v' and in_value_bank(config, n))
 
 
 def has_value_embed(config, n):
@@ -230,7 +231,7 @@ class AblationAttention(CausalSelfAttention):
     computes what CausalSelfAttention does."""
 
     def __init__(self, config, n):
-        super().__init__(config, n, own=[p for p in 'qkv' if owns(config, n, p)])
+        super().__init__(config, n, own=''.join(p for p in 'qkv' if owns(config, n, p)))
         self.n, self.mixes = n, mixes(config, n)
         self.takes_v1 = self.mixes == 'value' and config.value_mapping == 'current' \
             and n not in config.anchors

@@ -175,7 +175,7 @@ class CausalSelfAttention(nn.Module):
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.takes_v1 = config.value_residual and n > 1  # ResFormer: mixes V1 into its values
         self.svformer = config.is_svformer_layer(n)      # SVFormer: attends over V1 alone
-        own = own or ('qk' if self.svformer else 'qkv')
+        own = ('qk' if self.svformer else 'qkv') if own is None else own
         self.c_q = nn.Linear(d, d, bias=False) if 'q' in own else None            # W_Q
         self.c_k = nn.Linear(d, kv_dim, bias=False) if 'k' in own else None       # W_K
         self.c_v = nn.Linear(d, kv_dim, bias=False) if 'v' in own else None       # W_V

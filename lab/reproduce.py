@@ -44,7 +44,8 @@ from vrl import cli, locks, metrics
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
-          'optimizer', 'share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping')
+          'optimizer', 'share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping',
+          'shared_qk', 'backbone', 'anchors', 'source', 'placement')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -173,13 +174,13 @@ def suite_groups(suite, scale):
     if suite == 'muon_lr':  # each variant's own sweep: tuning on the Transformer alone would favour it
         return at_two_depths(scale, lambda n_layer: [
             group for v in MUON_SWEPT for group in [(v, dict(variant=v))] + [
-                (f'{v} muon lr={lr:g}', dict(variant=v, optimizer='muon', muon_lr=lr)) for lr in MUON_LRS]])
+                (f'{v} muon lr={lr:g}', dict(variant=v, muon=True, muon_lr=lr)) for lr in MUON_LRS]])
     if suite == 'optimizer':
         groups = []
         for depth, shape in two_depths(scale):  # at 8 layers, the Transformer and Identity ResFormer
             if (scale, depth) not in MUON_LR:
                 continue
-            muon = dict(optimizer='muon', muon_lr=MUON_LR[scale, depth])
+            muon = dict(muon=True, muon_lr=MUON_LR[scale, depth])
             variants = OPTIMIZER_VARIANTS[:None if depth == base['n_layer'] else 2]
             for opt, settings in (('', {}), (' muon', muon)):
                 groups += [(f'{label}{opt} L{depth}', dict(flags, **settings, **shape),
@@ -222,7 +223,45 @@ def suite_groups(suite, scale):
         return [(f'{label} L8', dict(variant=v, **flags, **DEPTH[scale]), f'{BASELINE} L8') for label, v, flags in (
             (BASELINE, BASELINE, {}), ('current (ResFormer)', 'resformer_identity', {}),
             ('first (A_1)', 'resformer_identity', dict(value_mapping='first')),
-            ('identity', 'resformer_identity', dict(value_mapping='identity')))]
+            ('identity', 'resformer_identity', dict(value_mapping='identity')),
+            ('cross-layer attention', 'resformer_identity', dict(value_mapping='cross')))]
+    if suite == 'shared_qk':  # ICLR Sec. 4.8, Fig. 16: layer 1's Q, K or V (SVFormer) in every layer
+        return [(v, dict(variant=v), BASELINE) for v in (BASELINE, 'svformer', 'shared_query', 'shared_key')]
+    if suite == 'backbone':  # ICLR Fig. 15c: SVFormer's gap on Llama's blocks and on GPT-2's
+        return [(f'{v} {b}', dict(variant=v) | ({} if b == 'llama' else dict(backbone=b)), f'{BASELINE} {b}')
+                for b in ('llama', 'gpt2') for v in (BASELINE, 'svformer')]
+    if suite == 'anchors':  # ICLR Fig. 17: SVFormer's shared values from more layers, at 8 layers
+        return [(f'{label} L8', dict(variant=v, **flags, **DEPTH[scale]), f'{BASELINE} L8') for label, v, flags in (
+            (BASELINE, BASELINE, {}), ('first (SVFormer)', 'svformer', {}),
+            ('first + last', 'svformer', dict(anchors=[8])),
+            ('first + middle + last', 'svformer', dict(anchors=[5, 8])),
+            ('first + two middle + last', 'svformer', dict(anchors=[4, 6, 8])))]
+    if suite == 'source':  # ICLR Fig. 11, v5 Sec. 4.4 and Dense-ResFormer: whose values a layer mixes in
+        no_h0 = dict(h0_residual=False)
+        return [(f'{label} L8', dict(variant=v, **flags, **DEPTH[scale]), f'{base} L8')
+                for label, v, flags, base in (
+            (BASELINE, BASELINE, {}, BASELINE), ('first (V1)', 'resformer_identity', {}, BASELINE),
+            ('adjacent (V_n-1)', 'resformer_identity', dict(residual_from='adjacent'), BASELINE),
+            ('previous (mean of V_1..V_n-1)', 'resformer_identity', dict(residual_from='previous'), BASELINE),
+            ('second (V2)', 'resformer_identity', dict(residual_from='second'), BASELINE),
+            ('dense (Dense-ResFormer)', 'resformer_identity', dict(residual_from='dense'), BASELINE),
+            (f'{BASELINE} no H0', BASELINE, no_h0, f'{BASELINE} no H0'),
+            ('second (V2) no H0', 'resformer_identity', dict(residual_from='second', **no_h0), f'{BASELINE} no H0'))]
+    if suite == 'placement':  # v5's placement and Table 10 (second-hand): where V1 goes, and rescaling
+        return [(f'{label} L8', dict(flags, **DEPTH[scale]), f'{BASELINE} L8') for label, flags in (
+            (BASELINE, dict(variant=BASELINE)),
+            ('layer 7', sparse([7])), ('layers 6-8 (Sparse)', dict(variant='resformer_sparse')),
+            ('layers 5-8', sparse([5, 6, 7, 8])), ('layers 4-8', sparse([4, 5, 6, 7, 8])),
+            ('layers 2-4', sparse([2, 3, 4])), ('layers 2-4 rescaled', sparse([2, 3, 4], rescale=True)),
+            ('layers 6-8 rescaled', sparse([6, 7, 8], rescale=True)))]
+    raise ValueError(f"unknown suite {suite!r}")
+
+
+def sparse(layers, weight=5.0, rescale=False, n_layer=8):
+    """Sparse ResFormer's settings with V1 mixed into the given layers (1-based) at (weight, 1), the others
+    (0, 1); rescale: post-residual rescaling (v5 Table 10, second-hand; our form, V'_n / (λ1 + λ2))."""
+    rows = [[weight if n in layers else 0.0, 1.0] for n in range(1, n_layer + 1)]
+    return dict(variant='custom', value_residual=True, lambdas=rows) | (dict(value_rescale=True) if rescale else {})
     raise ValueError(f"unknown suite {suite!r}")
 
 
@@ -274,6 +313,8 @@ def name_part(value):
     table's rows [[a, b], ...] as a,b+a,b+..."""
     if isinstance(value, float):
         return f'{value:g}'
+    if isinstance(value, list) and value and isinstance(value[0], (int, float)):  # anchors: 5+8
+        return '+'.join(f'{x:g}' for x in value)
     if isinstance(value, list) and value and isinstance(value[0][0], str):
         return '+'.join(f'{name}@{scale:g}' for name, scale in value)
     if isinstance(value, list):
@@ -316,8 +357,8 @@ PROBE = dict(n_layer=4, n_head=2, n_embd=32, block_size=32, batch_size=4, gradie
 PROBE_TOLERANCE = 1e-3
 # the settings a probe takes from its run: those that change what the variant computes
 PROBED = ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping', 'residual_type', 'h0_residual',
-          'optimizer', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
-          'neutreno_lambda', 'residual_source')
+          'muon', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
+          'neutreno_lambda', 'residual_from', 'anchors', 'backbone')
 # --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
 # loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
 # steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain
@@ -375,7 +416,7 @@ def probe(settings):
     # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
     # must show in the probe of every run that sets it
     tiny = PROBE | {k: settings[k] for k in PROBED if k in settings}
-    if 'lambdas' in settings:  # a λ table has a row per layer
+    if 'lambdas' in settings or 'anchors' in settings:  # a λ table has a row per layer
         tiny['n_layer'] = settings['n_layer']
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
