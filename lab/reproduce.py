@@ -39,8 +39,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from model import GPT, GPTConfig
+from ablations import AblationConfig, build_model
 from vrl import cli, locks, metrics
+
+import relative_loss  # lab/relative_loss.py, beside this file
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
@@ -57,7 +59,7 @@ SCALES = {
                 log_grad_norms=True),
     # Untested here (no GPU was available): the 82M shape on GPT-2 BPE Shakespeare, bf16 and compiled by
     # train.py.
-    'gpu': dict(dataset='shakespeare', n_layer=8, n_head=8, n_embd=512, block_size=512, batch_size=32,
+    'gpu': dict(dataset='shakespeare_gpt2', n_layer=8, n_head=8, n_embd=512, block_size=512, batch_size=32,
                 gradient_accumulation_steps=1, max_iters=2000, lr_decay_iters=2000, warmup_iters=100,
                 learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=20, log_interval=10,
                 log_grad_norms=True),
@@ -295,7 +297,8 @@ def matched_ffn(scale, n_layer, flags):
     shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'],
                  vocab_size=PADDED_VOCAB[scale])
     with torch.device('meta'):
-        extra = GPT(GPTConfig(**shape, **flags)).num_params() - GPT(GPTConfig(**shape)).num_params()
+        extra = (build_model(AblationConfig(**shape, **flags)).num_params()
+                 - build_model(AblationConfig(**shape)).num_params())
     # 3 SwiGLU matrices a layer
     return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))
 
@@ -519,7 +522,7 @@ def summarize(run_dir, settings, seconds):
     lambdas = [r['lambdas'] for r in records if 'lambdas' in r]
     checkpoint = torch.load(run_dir / 'ckpt.pt', map_location='cpu', weights_only=True)
     with torch.device('meta'):
-        model = GPT(GPTConfig(**checkpoint['model_args']))
+        model = build_model(AblationConfig(**checkpoint['model_args']))
     return {'settings': settings, 'curve': curve, 'final_val_loss': curve[-1][1], 'train_curve': train_curve,
             'params': model.num_params(),
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
@@ -953,6 +956,10 @@ def plot(suite, groups, out_dir):
     names = ['curves.png']
     if suite in ('variants', 'depth', 'value_embed', 'value_bank', 'controls'):
         names.append(plot_deltas(suite, groups, out_dir, plt))
+    series = relative_series(groups)
+    if series and relative_loss.plot(series, out_dir / 'relative.png',
+                                     f"{suite}: relative training loss (mean ± std over seeds)"):
+        names.append('relative.png')
     if suite in ('scaling', 'lr', 'kv', 'value_bank'):
         fig, ax = plt.subplots(figsize=(6, 4))
         series = {}
@@ -982,6 +989,46 @@ def plot(suite, groups, out_dir):
         plt.close(fig)
         names.append(f'{suite}.png')
     return names
+
+
+def relative_series(groups):
+    """{label: [(step, mean, std)]}: each group's relative training loss (lab/relative_loss.py) against the
+    Transformer of the same seed and settings, over the seeds whose two runs both have a training curve."""
+    series = {}
+    for label, group in groups.items():
+        base = groups[group['baseline']]
+        curves = {seed: run['train_curve'] for run, seed in zip(base['runs'], base['seeds'])
+                  if run.get('train_curve')}
+        rels = [relative_loss.relative(run['train_curve'], curves[seed])
+                for run, seed in zip(group['runs'], group['seeds']) if run.get('train_curve') and seed in curves]
+        if label == group['baseline'] or not rels:
+            continue
+        steps = sorted(set.intersection(*({s for s, _ in rel} for rel in rels)))
+        at = [dict(map(tuple, rel)) for rel in rels]
+        series[label] = [(s, *mean_std([a[s] for a in at])) for s in steps]
+    return series
+
+
+def relative_rows(groups):
+    """The paper's metric at the end: each group's relative training loss at its last logged step (mean ±
+    std over seeds), and the step where the Transformer overtakes it (ICLR Sec. 4.6's critical point), read
+    off the mean curve, or where a line through its last tenth would (after 'never')."""
+    rows = []
+    for label, points in relative_series(groups).items():
+        rel = [[s, m] for s, m, _ in points]
+        cross, ahead = relative_loss.crossing(rel), relative_loss.extrapolated_crossing(rel)
+        n = min(len(groups[label]['runs']), len(groups[groups[label]['baseline']]['runs']))
+        rows.append(f"| {label} | {n} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
+                    + (f"{cross:.0f}" if cross is not None else "never" + (f" (about {ahead:,.0f})"
+                                                                            if ahead else "")) + " |")
+    if not rows:
+        return []
+    return ['', "The paper's metric: each group's training loss minus the same-seed Transformer's, each "
+            "smoothed over 100 steps ([lab/relative_loss.py](../../lab/relative_loss.py); below zero is "
+            "ahead), at the last step, and the step where the Transformer overtakes it (the mean curve "
+            "crossing zero from below; 'never (about N)': a line through its last tenth would at step N):",
+            '', "| group | seeds | relative training loss (mean ± std) | Transformer overtakes at step |",
+            '|---|---|---|---|'] + rows
 
 
 def provenance(suite, scale, seeds, results_dir):
@@ -1062,6 +1109,7 @@ def write_report(suite, scale, seeds, results_dir):
              "against the paper: [results/README.md](../README.md).", '',
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
+    lines += relative_rows(groups)
     lines += lambda_rows(groups)
     lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
