@@ -64,13 +64,10 @@ ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
 ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 
 path = os.path.join(out_dir, ckpt)
-model, checkpoint = run_folder.load_checkpoint(path, device)
-if not all(p.isfinite().all() for p in model.parameters()):
-    raise SystemExit(f"sample.py: {path} has NaN or infinite weights (its training diverged); "
-                     "sample from another checkpoint, e.g. --ckpt=best.pt")
+model, checkpoint = run_folder.load_checkpoint(path, device)  # GPT, or AblationGPT (ablations.py)
 model.eval()
-if compile:
-    model.compile_for_decoding()
+if compile:  # on a CPU a small model's tokens cost mostly per-call overhead: the C++ wrapper removes it
+    model.compile(options={'cpp_wrapper': device_type == 'cpu'})
 config = model.config
 tokenizer = load_tokenizer(checkpoint['data_meta'])  # the training data's tokenizer, offline
 
@@ -111,23 +108,42 @@ hardware.check_fits(num_samples * (8 * length + cache + 4 * config.vocab_size), 
 x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)
 
 
-def printable_length(text, stop):
-    """How much of a growing sample is final: not a trailing partial UTF-8 character (a BPE token can
-    end mid-character, which decodes to U+FFFD until the rest arrives), nor a tail that may begin the
-    stop text."""
-    end = len(text.rstrip('\ufffd'))
-    for n in range(min(len(stop) - 1, end), 0, -1):
-        if text.endswith(stop[:n], 0, end):
-            return end - n
-    return end
+class Sample:
+    """One sample's text, decoded as its tokens arrive, each token once: a token that ends inside a
+    multi-byte character (BPE can split one) waits for the rest, and only the text's tail is searched for
+    the stop text. new() gives the text that is final since it was last called: not a tail that may
+    begin the stop text."""
+
+    def __init__(self):
+        self.parts, self.pending, self.tail, self.finished, self.given = [], [], '', False, 0
+
+    def add(self, token):
+        if token == tokenizer.eot_token:  # end of document
+            self.finished = True
+            return
+        self.pending.append(token)
+        piece = tokenizer.decode(self.pending)
+        if piece.endswith('\ufffd') and len(self.pending) < 4:  # a UTF-8 character has 4 bytes at most
+            return
+        self.pending, self.tail = [], self.tail + piece
+        if stop and stop in self.tail:
+            self.tail, self.finished = self.tail[:self.tail.index(stop)], True
+        keep = 0 if self.finished else len(stop) - 1  # what the next token may still make the stop text
+        self.parts.append(self.tail[:len(self.tail) - keep])
+        self.tail = self.tail[len(self.tail) - keep:]
+
+    def new(self):
+        text = ''.join(self.parts[self.given:])
+        self.given = len(self.parts)
+        return text
+
+    def text(self):
+        return ''.join(self.parts) + self.tail
 
 
 # generate, all samples in one batch
-sample_ids = [[] for _ in range(num_samples)]  # generated tokens, without the prompt
-texts = [''] * num_samples
-finished = [False] * num_samples
+samples = [Sample() for _ in range(num_samples)]
 streaming = num_samples == 1
-printed = 0  # characters of the streamed sample already on stdout
 if streaming:
     print(prompt_text, end='', flush=True)
 steps = 0
@@ -138,32 +154,21 @@ with ctx:
     for next_tokens in model.generate_tokens(x, max_new_tokens, temperature, top_k, use_cache, kv_cache,
                                              vocab_size=tokenizer.vocab_size):
         steps += 1
-        for i, token in enumerate(next_tokens[:, 0].tolist()):
-            if finished[i]:
-                continue
-            if token == tokenizer.eot_token:  # end of document
-                finished[i] = True
-                continue
-            sample_ids[i].append(token)
-            # the whole sample, so multi-byte characters come out whole
-            texts[i] = tokenizer.decode(sample_ids[i])
-            if stop and stop in texts[i]:
-                texts[i] = texts[i][:texts[i].index(stop)]
-                finished[i] = True
+        for sample, token in zip(samples, next_tokens[:, 0].tolist()):
+            if not sample.finished:
+                sample.add(token)
         if streaming:
-            ready = len(texts[0]) if finished[0] else printable_length(texts[0], stop)
-            print(texts[0][printed:ready], end='', flush=True)
-            printed = ready
-        if all(finished):
+            print(samples[0].new(), end='', flush=True)
+        if all(sample.finished for sample in samples):
             break
 elapsed = time.time() - t0
 
 if streaming:
-    print(texts[0][printed:])
+    print(samples[0].new() + samples[0].tail)
     print('---------------')
 else:
-    for text in texts:
-        print(prompt_text + text)
+    for sample in samples:
+        print(prompt_text + sample.text())
         print('---------------')
 
 tokens = steps * num_samples
@@ -171,7 +176,8 @@ print(f"generated {tokens:,} tokens ({num_samples} x {steps}) in {elapsed:.2f} s
       f"{tokens / elapsed:,.1f} tokens/s on {device}, {dtype}, kv cache {'on' if use_cache else 'off'}, "
       f"compile {compile}", file=sys.stderr)
 if use_cache:
-    kv_bytes = kv_cache.nbytes()
+    kv_bytes = sum(t.numel() * t.element_size() for t in kv_cache.k + kv_cache.v + [getattr(kv_cache, 'tokens', None)]
+                   if t is not None)  # (a bank of values caches token ids: ablations.py's TokenKVCache)
     # a vanilla Transformer caches K and V in every layer, for n_head heads (no GQA, no sharing)
     bytes_per_element = kv_cache.k[0].element_size()
     vanilla_bytes = (2 * config.n_layer * num_samples * config.n_head * kv_cache.max_seq_len
