@@ -86,9 +86,14 @@ class AblationConfig(GPTConfig):
         return 2 if self.residual_from == 'second' else 1
 
     def apply_variant(self):
+        """GPTConfig's, with BASELINES too; shared_query and shared_key weigh layer 1's Q or K alone,
+        (1, 0); SVFormer's anchors keep their own values, (0, 1)."""
         super().apply_variant(VARIANTS | BASELINES)
-        if self.variant in ('shared_query', 'shared_key'):  # λ = (1, 0): layer 1's alone
+        if self.variant in ('shared_query', 'shared_key'):
             self.lambdas = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
+        if self.anchors and self.lambdas:
+            self.lambdas = tuple((0.0, 1.0) if n in self.anchors else row
+                                 for n, row in enumerate(self.lambdas, start=1))
 
     def check(self):
         for name, choices in CHOICES.items():
@@ -99,9 +104,6 @@ class AblationConfig(GPTConfig):
         need(isinstance(self.anchors, tuple) and all(
             isinstance(n, int) and 1 < n <= self.n_layer for n in self.anchors),
              f"anchors={self.anchors!r}: layer numbers from 2 to n_layer={self.n_layer}")
-        if self.anchors and self.value_residual:  # first: an anchor keeps its own values
-            self.lambdas = tuple((0.0, 1.0) if n in self.anchors else row
-                                 for n, row in enumerate(self.lambdas, start=1))
         super().check()
         need(not self.neutreno_lambda or self.n_kv_head == self.n_head,
              "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
@@ -152,6 +154,8 @@ class AblationConfig(GPTConfig):
              "(SVFormer, shared_query, shared_key) with fixed λ from the first or second layer")
         need(not self.anchors or plain and self.residual_from == 'first',
              "anchors are SVFormer's: use residual_type='value' and residual_from='first'")
+        need(all(self.lambdas[n - 1] == (0.0, 1.0) for n in self.anchors),
+             f"anchors {list(self.anchors)} keep their own values: give their λ rows (0, 1)")
         need(not self.value_rescale or all(a + b != 0 for a, b in later),
              "value_rescale divides by λ1 + λ2, which is 0 in some row of lambdas")
 

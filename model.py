@@ -3,7 +3,7 @@ Value Residual Learning (Zhou et al., arXiv 2410.17897) in one file: ResFormer a
 Llama-style decoder (pre-norm RMSNorm, RoPE, SwiGLU, no biases) where every layer n > 1 mixes
 layer 1's values V1 into its own before attention:
 
-    U_n = softmax(Q_n K_n^T / √d_h) (λ_{n,1} V1 + λ_{n,2} V_n),   d_h = head size, λ: (n_layer, 2)
+    U_n = softmax(Q_n K_n^T / √d_h) (λ_{n,1} V1 + λ_{n,2} V_n),   d_h: head size, λ: (n_layer, 2)
 
 λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
 then have no value projection and cache no values. Layers are numbered from 1, as in the paper:
@@ -30,8 +30,8 @@ VARIANTS = {
 
 
 def variant_lambdas(variant, n_layer, source=1):
-    """The λ table of a value-residual variant: n_layer rows (weight on V1, weight on V_n), those of
-    layers 1 to source (the layer later ones mix in: 1 in the paper) (0, 1): they mix in nothing."""
+    """The λ table of a value-residual variant: n_layer rows (weight on V1, on V_n); those of layers
+    1 to source (the layer later ones mix in: 1 in the paper) are (0, 1): they mix in nothing."""
     later = range(source + 1, n_layer + 1)
     if variant in ('resformer_identity', 'resformer_learnable'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
@@ -42,8 +42,8 @@ def variant_lambdas(variant, n_layer, source=1):
         first = n_layer + 1 - (3 * n_layer) // 8
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n, λ starts at n_layer. Of λ' the paper says only "stronger for
-        # higher layers": we choose linspace(0, 1), so the top layer starts at e x the bottom's
+        # λ_{n,1} = λ · softmax(λ')_n, λ starts at n_layer. Of λ' the paper says only "stronger
+        # for higher layers": we choose linspace(0, 1), so the top starts at e x the bottom's
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -86,17 +86,17 @@ class GPTConfig:
     """The λ table: n_layer rows (weight on V1, weight on V_n), row 1 (0, 1); None: Identity's
     (0.5, 0.5). A layer with a fixed weight 0 on V_n is an SVFormer layer: it has no W_V."""
     lambda_mode: str = 'fixed'
-    """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ·softmax(λ')_n)"""
+    """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ softmax(λ')_n)"""
 
     source_layer = 1  # the layer later ones mix in (ablations.py's residual_from='second': 2)
 
     def __post_init__(self):
         """Fill in the defaults, a named variant's flags and λ; a bad setting is a ValueError."""
-        for f in fields(GPTConfig)[:9]:  # the shape's numbers
-            value, number = getattr(self, f.name), isinstance(getattr(self, f.name), (int, float))
-            need(value is None is f.default or number and not isinstance(value, bool) and value > 0
-                 and math.isfinite(value) and (f.type is float or isinstance(value, int)),
-                 f"{f.name} must be a positive {f.type.__name__}, got {value!r}")
+        for f in fields(GPTConfig):  # the shape's numbers: positive ints or floats (None: default)
+            value, kind = getattr(self, f.name), (int,) if f.type is int else (int, float)
+            if f.type in (int, float) and f.name != 'dropout' and not (value is None and f.default is None):
+                need(isinstance(value, kind) and not isinstance(value, bool) and 0 < value < math.inf,
+                     f"{f.name} must be a positive {f.type.__name__}, got {value!r}")
         need(isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1,
              f"dropout={self.dropout!r} must be in [0, 1)")
         self.n_kv_head = self.n_kv_head or self.n_head
@@ -153,7 +153,7 @@ class GPTConfig:
              "lambda_mode='plus' needs every later layer's weight on V1 > 0 (it is λ·softmax)")
 
     def is_svformer_layer(self, n):
-        """SVFormer's rule: layer n mixes V1 in with a fixed weight 0 on its own V_n, so it has no W_V."""
+        """SVFormer's rule: layer n mixes V1 in with a fixed weight 0 on its own V_n: it has no W_V."""
         return (self.value_residual and n > self.source_layer and self.lambda_mode == 'fixed'
                 and self.lambdas[n - 1][1] == 0)
 
@@ -164,7 +164,7 @@ def need(ok, message):
 
 
 class CausalSelfAttention(nn.Module):
-    """Layer n's attention (n = 1 .. n_layer): vanilla, ResFormer or SVFormer, with or without cache.
+    """Layer n's attention (n = 1 .. n_layer): vanilla, ResFormer or SVFormer, cached or not.
     own: the projections it has besides W_O; None: the paper's (SVFormer's layers have no W_V)."""
 
     def __init__(self, config, n, own=None):
@@ -189,7 +189,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k = kv_cache.store('k', self.k_slot, k)                       # keys of every position
         v = self.values(x, lambda_n, v1, kv_cache)                        # V'_n (below), cached
-        y = attention(q, k, v, self.dropout if self.training else 0.0)  # U_n = softmax(QK^T/√d_h)V'
+        y = attention(q, k, v, self.dropout if self.training else 0.0)  # U_n = softmax(QK^T/√d)V'
         return self.project_out(y), v
 
     def values(self, x, lambda_n, v1, kv_cache):
@@ -200,9 +200,9 @@ class CausalSelfAttention(nn.Module):
         return v if kv_cache is None else kv_cache.store('v', self.v_slot, v)
 
     def mix(self, lambda_n, v1, v):
-        """ResFormer: V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the value heads before any GQA repetition;
-        V_n = x W_V itself in a Transformer layer. V1 is not detached: every later layer trains layer
-        1's W_V. Only V1's newest rows: a cache already holds the mixed V'_n of earlier positions."""
+        """ResFormer: V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the value heads before GQA repeats them;
+        V_n itself in a Transformer layer. V1 is not detached: every later layer trains layer 1's
+        W_V. Only V1's newest rows: a cache holds the mixed V'_n of earlier positions already."""
         return lambda_n[0] * newest(v1, v.size(2)) + lambda_n[1] * v if self.takes_v1 else v
 
     def heads(self, linear, x, rope=None):
@@ -291,7 +291,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(block(config, n) for n in range(1, config.n_layer + 1))
         self.norm_f = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)  # untied, as the paper's
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)  # untied (the paper)
         self.store_lambdas(config)
         cos, sin = rope_table(config.n_embd // config.n_head, config.block_size, config.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
@@ -310,8 +310,8 @@ class GPT(nn.Module):
         normal_init(self.modules())
 
     def store_lambdas(self, config):
-        """λ of the layers that mix V1 in, as lambda_mode needs: a fixed table, or the paper's λ_{n,1}
-        and λ_{n,2} (Learnable-Plus: λ and λ') as parameters under 2 dims, never weight-decayed."""
+        """λ of the layers that mix V1 in, as lambda_mode needs: a fixed table, or the paper's
+        λ_{n,1} and λ_{n,2} (Plus: λ and λ') as parameters under 2 dims, never weight-decayed."""
         rows = config.lambdas[config.source_layer:] if config.value_residual else \
             [(0.0, 1.0)] * (config.n_layer - config.source_layer)
         later = torch.tensor(rows).view(len(rows), 2)
@@ -343,7 +343,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, kv_cache=None):
         """Logits (B, T, vocab_size) of the tokens idx (B, T); with targets, the mean cross-entropy
-        alone (targets -1 ignored). kv_cache: continue from the positions it holds, and add these."""
+        alone (targets -1 ignored). kv_cache: continue from the positions it holds, adding these."""
         x, rope = self.embed(idx, kv_cache)
         lambdas = self.lambdas  # once per forward: learned λ are a stack or a softmax
         v1 = None
@@ -354,7 +354,7 @@ class GPT(nn.Module):
         return self.head(x, targets, kv_cache)
 
     def embed(self, idx, kv_cache):
-        """(token embeddings (B, T, C), RoPE's angles at the new positions), if the context has room."""
+        """(token embeddings (B, T, C), RoPE's angles at the new positions), if the context fits."""
         T, pos = idx.size(1), 0 if kv_cache is None else kv_cache.pos
         limit = self.config.block_size if kv_cache is None else kv_cache.max_seq_len
         if pos + T > limit:
@@ -394,7 +394,7 @@ class GPT(nn.Module):
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
                         kv_cache=None, vocab_size=None):
         """Yield the next token (B, 1), max_new_tokens times; temperature=0 is greedy. kv_cache:
-        decode into this one. vocab_size: sample only ids below it (not the padding). Past block_size
+        decode into this one. vocab_size: sample ids below it only (no padding). Past block_size
         (or kv_cache.max_seq_len), the context is cropped to its last that many tokens."""
         context = min(self.config.block_size, kv_cache.max_seq_len if kv_cache else math.inf)
         if use_cache and kv_cache is None:
@@ -440,7 +440,7 @@ class KVCache:
         self.pos = 0  # positions already cached; the model advances it after each forward
 
     def store(self, kind, slot, new):
-        """Write keys (kind 'k') or values (B, heads, T, head_dim) at pos; return all the slot holds."""
+        """Write keys (kind 'k') or values (B, heads, T, head_dim) at pos; return the slot's all."""
         B, H, T, D = new.shape
         slots = self.k if kind == 'k' else self.v
         if slots[slot] is None:

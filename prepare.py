@@ -357,4 +357,8 @@ def documents_fingerprint(documents):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the output folder is written whole, or left as it was (vrl/datafiles.py)
+        print("prepare.py: interrupted; the data folder is as it was before this run", file=sys.stderr)
+        raise SystemExit(130) from None

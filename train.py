@@ -5,13 +5,16 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
 It reads as nanoGPT's train.py: settings, data and get_batch, model and optimizer, the schedule,
-evaluate, then the loop. Under torchrun a step makes these collectives, each named below: DDP's
-gradient all-reduce (in the last pass's backward) and the stop flag's all-reduce (every rank stops at
-the same step); a log step adds the loss's, an evaluation the validation sums'. The vrl helpers check
-settings and data, keep out_dir safe and say what a run will cost.
+evaluate, then the loop. Under torchrun every collective is written out below: each step, DDP's
+gradient all-reduce (in the last pass's backward) and the stop flag's MAX all-reduce (every rank
+stops at the same step); a log step adds the loss's and the NaN count's (on a CPU, every step); an
+evaluation, the validation sums' and a stop poll every 16 pieces; a save, a barrier for rank 0's
+write; the run's end, two all-reduces that check the replicas agree. The start-up estimate runs real
+steps (and their all-reduces) at rate 0. The vrl helpers check settings and data, keep out_dir safe
+and say what a run will cost. model(x, y) returns the loss alone (nanoGPT: logits and loss).
 """
 import time
-launched = time.time()  # max_time counts from here
+_launched = time.time()  # max_time counts from here (private: not a setting)
 from vrl import stops  # first: Ctrl-C, even during the imports, ends in one line
 stop = stops.StopSignals()  # Ctrl-C, SIGTERM, SIGHUP, SIGUSR1: at once before the loop, then polled
 
@@ -107,12 +110,13 @@ try:  # the model: AblationConfig's fields of the settings, the vocabulary padde
                                      f.name in config}, vocab_size=-(-data.meta['vocab_size'] // 64) * 64)
 except (TypeError, ValueError) as e:
     raise SystemExit(f"train.py: bad model settings: {e}") from None
-device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)
+device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)  # torchrun: cuda:LOCAL_RANK
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
                            saves=save_checkpoint)  # out_dir's lock first, then the checks under it
 
 # -----------------------------------------------------------------------------
-# data: each rank's share of a step's windows, in passes of batch_size
+# data: each rank's share of a step's windows, in passes of batch_size (settings.check made sure
+# gradient_accumulation_steps splits evenly over the ranks)
 rank_share = global_batch // ddp_world_size
 rank_passes = [(ddp_rank * rank_share + i, ddp_rank * rank_share + i + batch_size)
                for i in range(0, rank_share, batch_size)]
@@ -156,6 +160,7 @@ else:
 raw_model.to(device)
 loss_since_log = torch.tensor(loss_since_log, device=device)  # summed on the device: no wait
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+# nanoGPT's AdamW groups (decay on matrices and embeddings, not on norms or λ), or Muon beside them
 optimizer = optim.configure_optimizers(raw_model, weight_decay, learning_rate, (beta1, beta2),
                                        device_type, lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
 if init_from == 'resume':
@@ -174,7 +179,7 @@ compiled = device_type == 'cuda' if compile is None else compile
 # views of its buckets), and never syncs buffers in forward: ours (RoPE, fixed λ) never change
 block_mb = 4 * sum(p.numel() for p in raw_model.blocks[0].parameters()) / 2 ** 20
 no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
-    else 'broadcast_buffers'  # (torch 2.13 renamed it)
+    else 'broadcast_buffers'  # (newer torch renamed it)
 ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
                 gradient_as_bucket_view=True, bucket_cap_mb=max(25, block_mb),
                 **{no_sync: False}) if ddp else None
@@ -198,8 +203,9 @@ def get_lr(it):
 
 def stop_now():
     """(signal number, past max_time) if a stop signal reached any rank or this launch ran past
-    max_time, else None. All ranks agree (a MAX all-reduce), so all stop at the same step."""
-    flag = torch.tensor([stop.signal, max_time > 0 and time.time() - launched > max_time])
+    max_time, else None. All ranks agree (a MAX all-reduce), so all stop at the same step. It goes
+    over stop.group, a gloo group on the CPU where NCCL is the default (vrl/stops.py)."""
+    flag = torch.tensor([stop.signal, max_time > 0 and time.time() - _launched > max_time])
     if ddp:  # on a gloo group: the CPU's, never waiting for queued GPU work
         all_reduce(flag, op=ReduceOp.MAX, group=stop.group)
     return (int(flag[0]), bool(flag[1])) if flag.any() else None
@@ -222,8 +228,10 @@ def evaluate(sets):
     everyone = pieces(sets)
     for k, piece in enumerate(tqdm(everyone[ddp_rank::ddp_world_size], 'eval', leave=False,
                                    delay=5, disable=not master_process)):
-        if k % 16 == 15 and k < len(everyone) // ddp_world_size and stop_now():  # all ranks poll
-            return model.train() and None
+        # every 16 pieces, as long as every rank has that many: each rank polls as often
+        if k % 16 == 15 and k < len(everyone) // ddp_world_size and stop_now():
+            model.train()
+            return None
         sums[names.index(piece[0])] += eval_loss(sets, piece).float() * len(piece[1])
     if ddp:
         all_reduce(sums)
@@ -259,10 +267,12 @@ def save(best=False):
 # -----------------------------------------------------------------------------
 # the loop: at a step boundary stop if asked, evaluate and save every eval_interval steps, then train
 first_step, next_batch = iter_num, None
-nonfinite = torch.zeros((), device=device)  # counts the steps whose loss or gradient was NaN or inf
+nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
+# a thread that reads step i+1's batch during step i; on CUDA it first sets the rank's GPU (a new
+# thread would start on GPU 0, and every rank would open a context there, as DataLoader's pin thread does)
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
-                            initargs=(device,))  # reads step i+1's batch in step i; starts on GPU 0
+                            initargs=(device,))
 with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop waits for a step
     if not eval_only and iter_num < max_iters:  # the run's cost, from updates at rate 0: unchanged
         val_pieces = pieces(data.val)[ddp_rank::ddp_world_size]
@@ -322,9 +332,10 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
             break
 
         lr = get_lr(iter_num)
-        for group in optimizer.param_groups:  # lr_scale: 1, lr_scales (v5 Sec. 4.3), or Muon's
+        for group in optimizer.param_groups:  # lr_scale: 1, lr_scales's, or muon_lr / learning_rate
             group['lr'] = lr * group['lr_scale']
-        # dropout from (seed, step, rank) alone, a key no batch's seed uses: a resume is exact
+        # dropout from (seed, step, rank) alone (the batches' seeds never use a negative key; a tuple
+        # of ints hashes alike in every process): a resumed run draws the same dropout
         torch.manual_seed(hash((seed, iter_num, -1 - ddp_rank)) & (2 ** 63 - 1))
         batch = next_batch.result() if next_batch else get_batch(iter_num)
         next_batch = reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None

@@ -1,10 +1,43 @@
 """
-The command line's rules, for every script: argparse that reports a bad argument in one line, and no
-file read whole from a pipe (it may wait forever for a writer).
+The command line's rules, for every script: argparse that reports a bad argument in one line, no file
+read whole from a pipe (it may wait forever for a writer), and a closed stdout (`| head`) no error.
 """
 import argparse
 import os
 import stat
+import sys
+
+
+class ClosedStdoutIgnored:
+    """sys.stdout, but once its reader has gone (`python train.py | head -3`), what is written is dropped
+    instead of raising BrokenPipeError: a training run goes on, and saves, without its console."""
+
+    def __init__(self, stream):
+        self.stream, self.closed_by_reader = stream, False
+
+    def write(self, text):
+        if not self.closed_by_reader:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self.closed_by_reader = True
+        return len(text)
+
+    def flush(self):
+        if not self.closed_by_reader:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.closed_by_reader = True
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def keep_going_without_stdout():
+    """Install ClosedStdoutIgnored as sys.stdout (once)."""
+    if not isinstance(sys.stdout, ClosedStdoutIgnored):
+        sys.stdout = ClosedStdoutIgnored(sys.stdout)
 
 
 class ArgumentParser(argparse.ArgumentParser):

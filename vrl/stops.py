@@ -24,6 +24,8 @@ class StopSignals:
     a bad setting or missing data, which every rank meets alike, shows once."""
 
     def __init__(self):
+        from vrl import cli
+        cli.keep_going_without_stdout()  # `python train.py | head` trains on
         self.signal, self.polling, self.group = 0, False, None
         for sig in SIGNALS:
             signal.signal(sig, self.on_signal)
