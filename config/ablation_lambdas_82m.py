@@ -20,6 +20,14 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1],[0.8,1]]' --out_dir=out/sec4.2_lambda0.8
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[1,1],[1,1],[1,1],[1,1],[1,1],[1,1],[1,1]]' --out_dir=out/sec4.2_lambda1
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_lambdas_82m.py --variant=custom --value_residual=True --lambdas='[[0,1],[5,1],[5,1],[5,1],[5,1],[5,1],[5,1],[5,1]]' --out_dir=out/sec4.2_lambda5
+# The relative training loss (the paper's curves: each run's smoothed training loss minus the Transformer's):
+#   python lab/relative_loss.py out/sec4.4_vanilla out/sec4.4_resformer_identity out/sec4.4_resformer_constant out/sec4.4_resformer_sparse out/sec4.4_resformer_learnable out/sec4.4_resformer_learnable_plus
+#   python lab/relative_loss.py out/sec4.4_vanilla out/sec4.2_lambda0.2 out/sec4.2_lambda0.5 out/sec4.2_lambda0.8 out/sec4.2_lambda1 out/sec4.4_resformer_constant out/sec4.2_lambda5
+# CPU counterparts (character-level Shakespeare, 3 seeds; the tables in results/<suite>/README.md): Fig. 8's
+# λ sweep at 4 layers, and the named variants at 4 and at 8 layers:
+#   python lab/reproduce.py lambdas
+#   python lab/reproduce.py variants
+#   python lab/reproduce.py depth
 # Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

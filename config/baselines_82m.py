@@ -14,6 +14,13 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.2 --out_dir=out/a3_neutreno_l0.2
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.6 --out_dir=out/a3_neutreno_l0.6
 #   torchrun --standalone --nproc_per_node=8 train.py config/baselines_82m.py --variant=custom --neutreno_lambda=0.8 --out_dir=out/a3_neutreno_l0.8
+# The relative training loss (Fig. 7 Right and Fig. 22: each run's smoothed training loss minus the
+# Transformer's):
+#   python lab/relative_loss.py out/sec4.2_vanilla_82m out/sec4.2_resformer_82m out/sec4.2_denseformer_82m out/sec4.2_neutreno_82m out/sec4.2_neutreno_resformer_82m
+#   python lab/relative_loss.py out/sec4.2_vanilla_82m out/a3_neutreno_l0.2 out/sec4.2_neutreno_82m out/a3_neutreno_l0.6 out/a3_neutreno_l0.8
+# CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds: NeuTRENO at λ = 0.2, 0.4, 0.6, 0.8,
+# NeuTRENO + ResFormer, ResFormer and DenseFormer; results/neutreno/README.md):
+#   python lab/reproduce.py neutreno
 # Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

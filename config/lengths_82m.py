@@ -23,9 +23,19 @@
 #   python lab/eval.py --out_dir=out/sec4.2_resformer_T2048
 #   python lab/eval.py --out_dir=out/sec4.2_vanilla_T64000
 #   python lab/eval.py --out_dir=out/sec4.2_resformer_T64000
+# The relative training loss (Fig. 7 Left: ResFormer's smoothed training loss minus the Transformer's at each
+# length):
+#   python lab/relative_loss.py out/sec4.2_vanilla_T2048 out/sec4.2_resformer_T2048
+#   python lab/relative_loss.py out/sec4.2_vanilla_T32000 out/sec4.2_resformer_T32000
+#   python lab/relative_loss.py out/sec4.2_vanilla_T64000 out/sec4.2_resformer_T64000
+# CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds: the Transformer, ResFormer and
+# SVFormer at 64-512 tokens, 2,048 tokens a step; results/lengths/README.md):
+#   python lab/reproduce.py lengths
+# Table 1's zero-shot accuracy has none: models that small score at chance.
 # Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
-# micro_batch_size = batch_size, so each GPU takes 64,000-65,536 tokens a pass at every length, and fused (flash)
-# attention keeps memory linear in the length: about as much at each.
+# batch_size is what a GPU takes a pass: 64,000-65,536 tokens at every length (32 x 2,048, 2 x 32,000,
+# 1 x 64,000), 32 passes a step over all GPUs, and fused (flash) attention keeps memory linear in the
+# length: about as much at each.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_T2048'
@@ -33,4 +43,3 @@ variant = 'resformer_identity'
 n_layer = 8
 n_head = 8
 n_embd = 512
-micro_batch_size = None  # = batch_size: 64,000-65,536 tokens per GPU and forward pass

@@ -15,8 +15,10 @@
 #   in every parameter count the headers give.
 # - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
 #   Table 3 prints gradient accumulation 32, which its own columns contradict (8 GPUs x 32 x 32 = 8,192
-#   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here the global batch, gradient_accumulation_steps
-#   x batch_size = 1024, is the same on any number of ranks; micro_batch_size only splits it for memory.
+#   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here, as in nanoGPT, batch_size is the sequences a
+#   GPU takes in one forward pass and gradient_accumulation_steps the passes of a step over all GPUs: 32 x 32 =
+#   1024 on any number of GPUs (4 passes each on 8, the code's). The larger configs lower batch_size to fit
+#   memory and raise gradient_accumulation_steps to keep the 1024 sequences.
 # - Optimizer: AdamW (0.9, 0.95), eps 1e-8, weight decay 0.1, clipping at 1.0 (ICLR Sec. 4.1.1; code).
 # - Schedule: linear warmup over 120 steps to 6e-4, then cosine to 6e-5 at step 10,000 (ICLR/v1 Table 4; the
 #   code's WARMUP_STEP=120). ICLR Sec. 4.1.1's text says 1,200 warmup steps, contradicting its Table 4, and so
@@ -28,10 +30,13 @@
 #   domains (the code's max_eval_samples unset; eval_full below): val_loss_full, the unweighted mean of the
 #   domains' losses (the code: weight 1.0 per domain, one evaluation per domain), per domain in
 #   val_loss_full_domains. That is the paper's curve (ICLR Fig. 6) and table (ICLR A.6 Table 5's "Avg.": 82M
-#   Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 + 2.1779) / 7 = 2.7389). val_loss is a
-#   fixed sample of eval_iters x batch_size windows, which best.pt follows. Cost: 11 evaluations of the 500M
-#   validation tokens, forward passes only, against 10,000 steps of 2.1M tokens: about 8% on top of
-#   training (an evaluated token costs 0.31 of a trained one, measured at a CPU shape: docs/training.md).
+#   Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 + 2.1779) / 7 = 2.7389). With eval_full,
+#   val_loss_full is the run's headline: the loss printed, checked for NaN, and the one best.pt follows. It is
+#   not scored at step 0 (random weights). val_loss beside it is a fixed sample: eval_iters batches of
+#   batch_size shared equally over the domains, each share rounded up to whole batches (8 x 32 = 256 windows
+#   a domain, the same at every evaluation). Cost: 10 evaluations of the 500M validation tokens, forward
+#   passes only, against 10,000 steps of 2.1M tokens: about 7% on top of training (an evaluated token costs
+#   0.31 of a trained one, measured at a CPU shape: docs/training.md).
 # Prepare the data first: python prepare.py --dataset=slimpajama   (21e9 tokens of the paper's tokenizer; needs `pip
 # install datasets` and the network), or from SlimPajama downloaded to DIR (its train/ and validation/ folders):
 # add --input=DIR
@@ -39,10 +44,8 @@
 # memory_estimate_gb; docs/training.md, 'How the memory estimates are made'): estimates, not measured on a GPU.
 dataset = 'slimpajama_neox'
 block_size = 2048
-batch_size = 32  # x gradient_accumulation_steps = the global batch of 1024 sequences, on any number of ranks
-gradient_accumulation_steps = 32  # 1024 sequences = 8 GPUs x 128 each, in micro-batches of micro_batch_size
-micro_batch_size = 32  # per GPU and forward pass (4 micro-steps on 8 GPUs): fits the 82M model in 80 GB
-# (resformer_82m.py's header); the larger configs lower it. Lower it further to fit memory: the step (its batch and result) is unchanged
+batch_size = 32  # sequences a GPU takes a pass (the code's 32): the 82M model in 80 GB (its header)
+gradient_accumulation_steps = 32  # passes a step, all GPUs together: 32 x 32 = 1024 sequences a step
 max_iters = 10000
 lr_decay_iters = 10000
 warmup_iters = 120
@@ -53,6 +56,6 @@ beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0
 eval_interval = 1000
-eval_iters = 50  # 50 x 32 x 2048 = 3.3M validation tokens, the same windows at every evaluation
+eval_iters = 50  # 8 (50 / 7, up) x 32 windows a domain: 1,792 x 2048 = 3.67M tokens, the same each time
 eval_full = True  # and every validation window of every domain, as the code: val_loss_full, the paper's
 log_interval = 10

@@ -4,13 +4,21 @@
 # Model: the paper's 82M model: 8 layers, 8 heads, d 512, SwiGLU 1792 (ICLR Table 4).
 # Paper (ICLR A.6 Table 5, the 7-domain mean): Transformer 2.7389, Identity ResFormer 2.7117.
 # ICLR Fig. 6 (82M, 180M, 320M, 468M): ResFormer matches the Transformer's loss with 10.4% fewer
-# parameters; evaluated every 2B tokens (1000 steps; train.py's val_loss_full, every validation window), the 468M ResFormer needs
-# 13.6% less data. The arXiv v4 and v5 abstracts say 13.3% / 15.4% and 16.11% / 20.3% (v5's scaling runs
-# reach 1.6B, second-hand). The 320M shape is published nowhere: no config. SVFormer at these sizes is ICLR
-# Sec. 4.7, Fig. 15d: it needs 12.2% more parameters to match the Transformer's loss. Runs:
+# parameters; evaluated every 2B tokens (1000 steps; train.py's val_loss_full, every validation window), the
+# 468M ResFormer needs 13.6% less data. The arXiv v4 and v5 abstracts say 13.3% / 15.4% and 16.11% / 20.3%
+# (v5's scaling runs reach 1.6B, second-hand). The 320M shape is not in what we could read (the latest
+# version's Table 14 may list it; we could not read it): no config. SVFormer at these sizes is ICLR Sec. 4.7,
+# Fig. 15d: it needs 12.2% more parameters to match the Transformer's loss. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla --out_dir=out/sec4.2_vanilla_82m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=resformer_identity --out_dir=out/sec4.2_resformer_82m
 #   torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=svformer --out_dir=out/sec4.7_svformer_82m
+# The relative training loss (each run's smoothed training loss minus the Transformer's):
+#   python lab/relative_loss.py out/sec4.2_vanilla_82m out/sec4.2_resformer_82m out/sec4.7_svformer_82m
+# CPU counterparts (character-level Shakespeare, 3 seeds, 2-5 layers at d 64-160; results/<suite>/README.md):
+# the Transformer against Identity ResFormer at four sizes, with the parameter and token savings (Fig. 6),
+# and against SVFormer at the same sizes (Fig. 15d):
+#   python lab/reproduce.py scaling
+#   python lab/reproduce.py svformer
 # Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 SIGNALS = [getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1')
            if hasattr(signal, name)]  # Windows has neither SIGHUP nor SIGUSR1
@@ -49,8 +50,8 @@ class StopSignals:
         import torch
         if isinstance(sys.stderr, Quiet):
             sys.stderr = sys.stderr.stderr
-        self.group = torch.distributed.new_group(backend='gloo') if ddp and device_type == 'cuda' \
-            else None
+        self.group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60)) \
+            if ddp and device_type == 'cuda' else None  # (as long as rank 0's slowest write)
         self.polling = True
         try:
             yield
