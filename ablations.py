@@ -77,6 +77,8 @@ class AblationConfig(GPTConfig):
     def __post_init__(self):
         gpt2_width = self.ffn_hidden is None and self.backbone == 'gpt2'
         self.anchors = tuple(self.anchors) if isinstance(self.anchors, (list, tuple)) else self.anchors
+        need(isinstance(self.anchors, tuple) and all(isinstance(n, int) for n in self.anchors),
+             f"anchors={self.anchors!r}: a list of layer numbers, e.g. [5, 8]")
         super().__post_init__()
         if gpt2_width:
             self.ffn_hidden = 4 * self.n_embd
@@ -86,14 +88,17 @@ class AblationConfig(GPTConfig):
         return 2 if self.residual_from == 'second' else 1
 
     def apply_variant(self):
-        """GPTConfig's, with BASELINES too; shared_query and shared_key weigh layer 1's Q or K alone,
-        (1, 0); SVFormer's anchors keep their own values, (0, 1)."""
-        super().apply_variant(VARIANTS | BASELINES)
+        """GPTConfig's, with BASELINES and their λ too: neutreno_resformer mixes as Identity,
+        shared_query and shared_key weigh layer 1's Q or K alone, (1, 0); SVFormer's anchors keep
+        their own values, (0, 1)."""
+        identity = self.variant == 'neutreno_resformer'
+        rows = variant_lambdas('resformer_identity' if identity else self.variant, self.n_layer,
+                               self.source_layer)
         if self.variant in ('shared_query', 'shared_key'):
-            self.lambdas = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
-        if self.anchors and self.lambdas:
-            self.lambdas = tuple((0.0, 1.0) if n in self.anchors else row
-                                 for n, row in enumerate(self.lambdas, start=1))
+            rows = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
+        if rows and self.anchors:
+            rows = tuple((0.0, 1.0) if n in self.anchors else row for n, row in enumerate(rows, start=1))
+        super().apply_variant(VARIANTS | BASELINES, rows)
 
     def check(self):
         for name, choices in CHOICES.items():
@@ -476,12 +481,10 @@ class AblationGPT(GPT):
                 elif name.endswith('c_proj.weight'):
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
-    @property
-    def lambdas(self):
-        table = super().lambdas
-        if self.config.value_rescale:  # post-residual rescaling: V'_n / (λ_{n,1} + λ_{n,2})
-            table = table / table.sum(dim=1, keepdim=True)
-        return table
+    def whole_table(self, later):
+        """GPT's, rescaled where asked: post-residual rescaling, V'_n / (λ_{n,1} + λ_{n,2})."""
+        table = super().whole_table(later)
+        return table / table.sum(dim=1, keepdim=True) if self.config.value_rescale else table
 
     def token_tables(self):
         """The layers' token tables (value embeddings, banks of values), in layer order."""

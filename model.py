@@ -115,13 +115,14 @@ class GPTConfig:
             self.lambdas = variant_lambdas('resformer_identity', self.n_layer, self.source_layer)
         self.check()
 
-    def apply_variant(self, presets=VARIANTS):
-        """Set the flags and λ of the named variant; a flag given another value is an error."""
+    def apply_variant(self, presets=VARIANTS, lambdas=None):
+        """Set the flags and λ (variant_lambdas's, or lambdas) of the named variant; a flag given
+        another value is an error."""
         need(self.variant in presets, f"unknown variant {self.variant!r}; choose one of: custom, "
                                       f"{', '.join(presets)}")
         defaults = {f.name: f.default for f in fields(self)}
         preset = dict(value_residual=False, lambda_mode='fixed') | presets[self.variant]
-        preset['lambdas'] = variant_lambdas(self.variant, self.n_layer, self.source_layer)
+        preset['lambdas'] = lambdas or variant_lambdas(self.variant, self.n_layer, self.source_layer)
         for k, value in preset.items():
             need(getattr(self, k) in (defaults[k], value),
                  f"variant={self.variant!r} sets {k}={value!r}, but {k}={getattr(self, k)!r} was "
@@ -337,9 +338,9 @@ class GPT(nn.Module):
 
     def whole_table(self, later):
         """The later layers' λ rows under those of the layers that mix nothing in, (0, 1)."""
-        unchanged = torch.zeros_like(later[:1])
+        unchanged = later.new_zeros(self.config.source_layer, 2)
         unchanged[:, 1] = 1.0  # filled on the device: new_tensor would copy from the host
-        return torch.cat([unchanged.expand(self.config.source_layer, 2), later])
+        return torch.cat([unchanged, later])
 
     def forward(self, idx, targets=None, kv_cache=None):
         """Logits (B, T, vocab_size) of the tokens idx (B, T); with targets, the mean cross-entropy

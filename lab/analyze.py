@@ -44,9 +44,35 @@ Sec. 4.5's post-analyses, our reading of them (no source we could read gives eit
   skip_mlp          the same for layer n's MLP
 The losses are on the same windows, each predicting its own next tokens; `loss` (one number per run) is the
 model's with nothing skipped.
+The paper's other analyses (ICLR: the ICLR 2025 text):
+  importance_top1, _top2, _top3, _top10, _top1pct   ICLR A.2, Figs. 19-21: the top-k token importance, the k-th
+                    largest of p (the token importance the entropy above is of) in a sequence, for k = 1, 2, 3,
+                    10 and at the top 1% rank, k = ceil(T / 100); empty (-) where k > T
+  importance_by_position   ICLR A.2, Figs. 19-21 (metrics.json only): p_j per position j, averaged over the
+                    windows, for the first 64 positions, per layer
+  value_eig_max     ICLR Fig. 12 / Eqn. 12: the largest eigenvalue of the uncentred second moment of the
+                    layer's values, (1/T) Σ_i v_i v_i^T over a window's T tokens, v_i the values of token i with
+                    every KV head concatenated; each window's eigenvalues sorted, largest first, then averaged
+                    over the windows. The values are the layer's own, V_n = x W_V before any mixing with V1
+                    (ablations.py's Heads.fresh), not the mixed V'_n the model's stats give as what the layer
+                    attends over (value_norm's); a layer with no W_V of its own (SVFormer's layers n > 1, the
+                    second layer of a CLA pair) has what it attends over instead (V1, the layer below's)
+  value_spectrum_1  (metrics.json only) layer 1's full spectrum of the same matrix, n_kv_head x head_dim
+                    eigenvalues, largest first: ICLR Fig. 12's
+  cross_cos_approx, cross_cos_identity   ICLR Fig. 4, on a Transformer (a checkpoint of another model leaves
+                    them empty): for layer n >= 2 and m = n - 1, cross-layer attention's output (ICLR Eqn. 2:
+                    one softmax over Q_n [K_n; K_m]^T / √d_h, each half causal, values [V_n; V_m]) against ICLR
+                    Eqn. 4's approximation ½ A_n (V_n + V_m), and against the identity mapping A_n V_n + V_m
+                    (ICLR Eqn. 6 with one earlier layer): the cosine similarity per token of the outputs before
+                    W_O, heads concatenated, averaged over the tokens; empty (-) in layer 1
+ICLR Fig. 1 Left compares the entropy of a model at initialisation with the trained one's: train.py
+--max_iters=0 writes the step-0 checkpoint (it evaluates, saves, and stops), and analyze.py reads it as any:
+    python train.py config/small_ablation.py --variant=vanilla --max_iters=0 --out_dir=out/vanilla_step0
+    python lab/analyze.py out/vanilla_step0 out/ablation_vanilla
 
-Writes <out>/metrics.json (every run, and each group's mean and std), <out>/metrics.csv (per group and
-layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth, ± std shaded.
+Writes <out>/metrics.json (every run, and each group's mean and std; an empty cell is null), <out>/metrics.csv
+(per group and layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth,
+± std shaded, and value_spectrum_1.png and importance_by_position.png.
 """
 import contextlib
 import csv
@@ -62,7 +88,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import configure
-from model import AblationGPT
+from ablations import AblationGPT, ablations, attention_probs, cross_attention
 from vrl import hardware, run_folder
 from vrl.metrics import mean_domain_losses as mean_of_domains
 from vrl.data import load_meta, open_split, prepare_command
@@ -90,18 +116,76 @@ CONCENTRATION = {  # name: column title
 }
 POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'skip_attn': 'Δloss -attn',
                  'skip_mlp': 'Δloss -MLP'}  # Sec. 4.5
-METRICS = {**CONCENTRATION, **POST_ANALYSES}
+TOKEN_IMPORTANCE = {  # ICLR A.2: the k-th largest token importance, k = 1, 2, 3, 10, and the top 1% rank
+    'importance_top1': 'top-1', 'importance_top2': 'top-2', 'importance_top3': 'top-3',
+    'importance_top10': 'top-10', 'importance_top1pct': 'top-1%'}
+VALUES_AND_CROSS = {'value_eig_max': 'eig max', 'cross_cos_approx': 'cos ½A(Vn+Vm)',  # ICLR Fig. 12, Fig. 4
+                    'cross_cos_identity': 'cos AVn+Vm'}
+METRICS = {**CONCENTRATION, **POST_ANALYSES, **TOKEN_IMPORTANCE, **VALUES_AND_CROSS}
+TOP_K = {'importance_top1': 1, 'importance_top2': 2, 'importance_top3': 3, 'importance_top10': 10,
+         'importance_top1pct': None}  # None: ceil(T / 100)
+POSITIONS = 64  # importance_by_position's first positions
 # settings in which runs of one group may differ
 RUN_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
 
+def token_importance(attn):
+    """Token importance p (B, T) of attention probabilities attn (B, H, T, T): the column sums of the
+    head-averaged attention matrix, normalised to a distribution over the tokens."""
+    importance = attn.mean(dim=1).sum(dim=1)  # (B, T): attention each token receives, summed over queries
+    return importance / importance.sum(dim=-1, keepdim=True)
+
+
 def importance_entropy(attn):
     """Token-importance entropy of attention probabilities attn (B, H, T, T), one value per batch row: the
-    entropy of the column sums of the head-averaged attention matrix, normalised to a distribution."""
-    importance = attn.mean(dim=1).sum(dim=1)  # (B, T): attention each token receives, summed over queries
-    p = importance / importance.sum(dim=-1, keepdim=True)
+    entropy of token_importance's distribution."""
+    p = token_importance(attn)
     return -torch.special.xlogy(p, p).sum(dim=-1)  # xlogy: 0 ln 0 = 0 for tokens nobody attends to
+
+
+def top_k_importance(p, k):
+    """The k-th largest token importance of each row of p (B, T): (B,), NaN where k > T."""
+    if k > p.size(-1):
+        return torch.full(p.shape[:-1], math.nan, dtype=p.dtype, device=p.device)
+    return p.topk(k, dim=-1).values[..., -1]
+
+
+def top_1pct_rank(T):
+    """ICLR A.2's top 1% rank in a sequence of T tokens: k = ceil(T / 100), at least 1."""
+    return max(1, math.ceil(T / 100))
+
+
+def heads_side_by_side(t):
+    """(B, heads, T, D) -> (B, T, heads * D): each token's vector with every head concatenated."""
+    B, H, T, D = t.shape
+    return t.transpose(1, 2).reshape(B, T, H * D)
+
+
+def second_moment_eigenvalues(values):
+    """Eigenvalues of the uncentred second moment (1/T) Σ_i v_i v_i^T of each sequence's value vectors,
+    values (B, T, D), largest first: (B, D) in float64. They are the squared singular values of V / √T,
+    which the SVD gives without forming the D x D matrix (D - T of them are 0 when T < D)."""
+    B, T, D = values.shape
+    singular = torch.linalg.svdvals(values.double() / math.sqrt(T))  # (B, min(T, D)), descending
+    return F.pad(singular.square(), (0, D - singular.size(-1)))
+
+
+def cross_layer_similarity(layer, previous):
+    """ICLR Fig. 4 for layer n's Heads and layer m = n - 1's (ablations.py): (cos with ½ A_n (V_n + V_m),
+    cos with A_n V_n + V_m), each (B,), the mean over tokens of the cosine similarity between cross-layer
+    attention's output, softmax(Q_n [K_n; K_m]^T / √d_h) [V_n; V_m] (ICLR Eqn. 2, each half causal: ablations.
+    cross_attention), and each of them, every output before W_O with its heads concatenated. A Transformer's
+    layers attend over their own values, so Heads.v is V_n."""
+    q, k, v, k_m, v_m = layer.q, layer.k, layer.v, previous.k, previous.v
+    cross = cross_attention(q, k, v, k_m, v_m, 0.0)
+    repeat = q.size(1) // k.size(1)  # GQA: every query head reads its KV head's values
+    v, v_m = v.repeat_interleave(repeat, dim=1), v_m.repeat_interleave(repeat, dim=1)
+    probs = attention_probs(q, k)  # A_n = softmax(Q_n K_n^T / √d_h), causal
+    approximation, identity = 0.5 * probs @ (v + v_m), probs @ v + v_m  # ICLR Eqns. 4 and 6
+    cross = heads_side_by_side(cross)
+    return tuple(F.cosine_similarity(cross, heads_side_by_side(other), dim=-1).mean(dim=-1)
+                 for other in (approximation, identity))
 
 
 def token_norms(states):
@@ -119,7 +203,7 @@ def mean_cosine_similarity(states):
 
 
 def layer_metrics(stats):
-    """{metric: (n_layer, B) tensor} from the stats a forward pass filled (see GPT.forward)."""
+    """{metric: (n_layer, B) tensor} from the stats a forward pass filled (ablations.AblationGPT.forward)."""
     rows = []
     v1, h1 = stats['values'][0], stats['hidden'][0]
     for attn, keys, values, hidden in zip(stats['attn'], stats['keys'], stats['values'], stats['hidden']):
@@ -139,6 +223,48 @@ def layer_metrics(stats):
     return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
 
 
+def is_transformer(config):
+    """Whether the model is the plain Transformer (vanilla, with GQA or not), which ICLR Fig. 4 analyses."""
+    return not config.value_residual and not ablations(config)
+
+
+def paper_metrics(stats, heads, transformer):
+    """({metric: (n_layer, B)} of TOKEN_IMPORTANCE and VALUES_AND_CROSS, {'value_spectrum_1': (B, D),
+    'importance_by_position': (n_layer, B, min(T, POSITIONS))}) from the stats a forward pass filled and its
+    layers' Heads (recorded_heads); transformer: compute ICLR Fig. 4's cosines (NaN otherwise, and in
+    layer 1)."""
+    rows, positions, spectra = [], [], []
+    for n, (attn, layer) in enumerate(zip(stats['attn'], heads), start=1):
+        p = token_importance(attn)
+        T = p.size(-1)
+        own = layer.v if layer.fresh is None else layer.fresh  # V_n; with no W_V, what it attends over
+        spectrum = second_moment_eigenvalues(heads_side_by_side(own))
+        spectra.append(spectrum)
+        nan = torch.full(p.shape[:-1], math.nan, dtype=torch.float64)
+        approx, identity = (cross_layer_similarity(layer, heads[n - 2]) if transformer and n > 1
+                            else (nan, nan))
+        rows.append({name: top_k_importance(p, k or top_1pct_rank(T)) for name, k in TOP_K.items()}
+                    | {'value_eig_max': spectrum[:, 0], 'cross_cos_approx': approx,
+                       'cross_cos_identity': identity})
+        positions.append(p[:, :POSITIONS])
+    return ({name: torch.stack([row[name].double() for row in rows]) for name in rows[0]},
+            {'value_spectrum_1': spectra[0], 'importance_by_position': torch.stack(positions)})
+
+
+@contextlib.contextmanager
+def recorded_heads(model):
+    """Within the block, every forward of model appends each layer's Heads (ablations.py: its q, k, v,
+    attention, output and own values V_n) to the list it yields, in layer order."""
+    heads = []
+    handles = [block.attn.register_forward_hook(lambda module, args, output: heads.append(output[1]))
+               for block in model.blocks]
+    try:
+        yield heads
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @contextlib.contextmanager
 def zeroed(module):
     """Within the block, module's output is replaced by zeros."""
@@ -154,13 +280,13 @@ def sublayer_losses(model, inputs, targets):
     one layer's attention or MLP sublayer outputs zeros. The attention sublayer's output is its W_O projection
     (c_proj, where both of model.py's attention paths end), so what the layer hands on to later ones (V1, for
     layer 1) is untouched."""
-    loss = model(inputs, targets)[1].item()
+    loss = model(inputs, targets).item()
     skips = {}
     for kind in ('attn', 'mlp'):
         increases = []
         for block in model.blocks:
             with zeroed(block.attn.c_proj if kind == 'attn' else block.mlp):
-                increases.append(model(inputs, targets)[1].item() - loss)
+                increases.append(model(inputs, targets).item() - loss)
         skips[f'skip_{kind}'] = torch.tensor(increases)
     return loss, skips
 
@@ -274,17 +400,26 @@ def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
 
 @torch.no_grad()
 def analyze(model, windows, desc):
-    """{metric: per-layer mean over the windows, 'loss': the model's loss on them}."""
-    per_window, losses = [], []
+    """{metric: per-layer mean over the windows, 'value_spectrum_1' and 'importance_by_position': their means
+    over the windows, 'loss': the model's loss on them}."""
+    per_window, profiles, losses = [], [], []
+    transformer = is_transformer(model.config)
     # one window at a time: the attention probabilities alone
     # are n_layer * n_head * seq_len^2 floats per window
     for window in tqdm(windows, desc=desc, leave=False):
         window, stats = window[None].to(device), {}
-        model(window, stats=stats)
+        with recorded_heads(model) as heads:
+            model(window, stats=stats)
+        paper, profile = paper_metrics(stats, heads, transformer)
         loss, skips = sublayer_losses(model, window[:, :-1], window[:, 1:])
-        per_window.append({**layer_metrics(stats), **{name: skip[:, None] for name, skip in skips.items()}})
+        per_window.append({**layer_metrics(stats), **{name: skip[:, None] for name, skip in skips.items()},
+                           **paper})
+        profiles.append(profile)
         losses.append(loss)
     metrics = {name: torch.cat([m[name] for m in per_window], dim=1).mean(dim=1).tolist() for name in METRICS}
+    metrics['value_spectrum_1'] = torch.cat([p['value_spectrum_1'] for p in profiles]).mean(dim=0).tolist()
+    metrics['importance_by_position'] = torch.cat([p['importance_by_position'] for p in profiles],
+                                                  dim=1).mean(dim=1).tolist()
     return {**metrics, 'loss': float(np.mean(losses))}  # windows of equal length: the mean over their tokens
 
 
@@ -294,7 +429,24 @@ def summarize(per_run):
     mean = {name: np.mean([run[name] for run in per_run], axis=0).tolist() for name in names}
     if len(per_run) == 1:
         return mean, None
-    return mean, {name: np.std([run[name] for run in per_run], axis=0, ddof=1).tolist() for name in names}
+    with np.errstate(invalid='ignore'):  # an empty cell (NaN) stays empty
+        return mean, {name: np.std([run[name] for run in per_run], axis=0, ddof=1).tolist() for name in names}
+
+
+def no_nan(value):
+    """value with every NaN (an empty cell: layer 1's cross-layer cosines, a top-k past T) as None, so
+    that metrics.json is strict JSON."""
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [no_nan(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def cell(mean, std):
+    if math.isnan(mean):
+        return '-'
+    return f"{mean:.4f}" + (f"±{std:.4f}" if std is not None else "")
 
 
 def print_table(label, group):
@@ -302,21 +454,33 @@ def print_table(label, group):
     print(f"\n{label}: {group['n_layer']} layers, iter {group['iter_num']}, {len(group['runs'])} run(s): "
           f"{', '.join(group['runs'])}" + (" (mean ± std over runs)" if std else ""))
     width = 17 if std else 13
-    for columns in (CONCENTRATION, POST_ANALYSES):
+    for columns in (CONCENTRATION, POST_ANALYSES, TOKEN_IMPORTANCE, VALUES_AND_CROSS):
         if columns is POST_ANALYSES:
             print(f"Sec. 4.5, our reading: loss {mean['loss']:.4f}" + (f"±{std['loss']:.4f}" if std else "")
                   + "; Δloss: its increase with the layer's attention or MLP output zeroed")
+        if columns is TOKEN_IMPORTANCE:
+            print("ICLR A.2: the k-th largest token importance in a sequence (top-1%: k = ceil(T / 100))")
+        if columns is VALUES_AND_CROSS:
+            print("ICLR Fig. 12: the largest eigenvalue of (1/T) Σ v v^T of the layer's own values; ICLR Fig. 4 "
+                  "(a Transformer): cross-layer attention's output with m = n - 1 against ½ A_n (V_n + V_m) "
+                  "and A_n V_n + V_m, cosine per token")
         print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in columns.values()))
         for layer in range(group['n_layer']):
-            cells = [f"{mean[name][layer]:.4f}" + (f"±{std[name][layer]:.4f}" if std else "")
-                     for name in columns]
-            print(f"{layer + 1:>5} " + " ".join(f"{cell:>{width}}" for cell in cells))
+            cells = [cell(mean[name][layer], std[name][layer] if std else None) for name in columns]
+            print(f"{layer + 1:>5} " + " ".join(f"{text:>{width}}" for text in cells))
+    spectrum = mean['value_spectrum_1']
+    print(f"ICLR Fig. 12, layer 1's {len(spectrum)} eigenvalues, largest first: "
+          + ", ".join(f"{e:.4g}" for e in spectrum[:8]) + (", ..." if len(spectrum) > 8 else "")
+          + " (all in metrics.json)")
+    first = [row[0] for row in mean['importance_by_position']]
+    print("ICLR A.2, the first token's importance by layer: " + ", ".join(f"{p:.4f}" for p in first)
+          + f" (the first {len(mean['importance_by_position'][0])} positions in metrics.json)")
 
 
 def write_files(groups, windows_info):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'metrics.json'), 'w') as f:
-        json.dump({**windows_info, 'groups': groups}, f, indent=1)
+        json.dump(no_nan({**windows_info, 'groups': groups}), f, indent=1)
     with open(os.path.join(out, 'metrics.csv'), 'w', newline='') as f:
         writer = csv.writer(f)
         writer.writerow(['group', 'runs', 'layer',
@@ -326,7 +490,8 @@ def write_files(groups, windows_info):
                 cells = [(group['mean'][name][layer], group['std'][name][layer] if group['std'] else '')
                          for name in METRICS]
                 writer.writerow([label, len(group['runs']), layer + 1,
-                                 *(cell for pair in cells for cell in pair)])
+                                 *('' if isinstance(c, float) and math.isnan(c) else c
+                                   for pair in cells for c in pair)])
     print(f"\nwrote {out}/metrics.json and {out}/metrics.csv")
 
 
@@ -354,7 +519,28 @@ def plot(groups, subtitle):
         ax.legend()
         fig.savefig(os.path.join(out, f'{name}.png'), dpi=120, bbox_inches='tight')
         plt.close(fig)
-    print(f"wrote {len(METRICS)} plots to {out}/")
+    # ICLR Fig. 12: layer 1's spectrum, one line per group
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, group in groups.items():
+        spectrum = np.array(group['mean']['value_spectrum_1'])
+        ax.plot(np.arange(1, len(spectrum) + 1), spectrum, label=label)
+    largest = max(group['mean']['value_spectrum_1'][0] for group in groups.values())
+    ax.set(xlabel='rank', ylabel='eigenvalue', yscale='log', ylim=(largest * 1e-8, largest * 2),  # 0s: below
+           title=f"layer 1's value second moment, eigenvalues ({subtitle})")
+    ax.legend()
+    fig.savefig(os.path.join(out, 'value_spectrum_1.png'), dpi=120, bbox_inches='tight')
+    plt.close(fig)
+    # ICLR A.2: importance by position, a panel per group, a line per layer
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
+    for ax, (label, group) in zip(axes[0], groups.items()):
+        for layer, row in enumerate(group['mean']['importance_by_position'], start=1):
+            ax.plot(np.arange(len(row)), row, label=f"layer {layer}")
+        ax.set(xlabel='position', ylabel='token importance', yscale='log', title=label)
+        ax.legend(fontsize='small')
+    fig.suptitle(f"token importance by position ({subtitle})")
+    fig.savefig(os.path.join(out, 'importance_by_position.png'), dpi=120, bbox_inches='tight')
+    plt.close(fig)
+    print(f"wrote {len(METRICS) + 2} plots to {out}/")
 
 
 def main(run_args):
@@ -379,7 +565,8 @@ def main(run_args):
     if length < seq_len:
         print(f"seq_len {seq_len} -> {length}, the smallest block_size among the checkpoints")
     first = next(iter(models.values()))[1]
-    data_dir = first['config']['data_dir']
+    # train.py's data folder: data/<dataset>, relative to where it ran (older checkpoints name it data_dir)
+    data_dir = first['config'].get('data_dir') or os.path.join('data', first['config']['dataset'])
     if not os.path.isabs(data_dir) and not os.path.exists(data_dir):
         # relative to where train.py ran: usually the repository's root
         data_dir = os.path.join(HERE, data_dir)

@@ -20,6 +20,7 @@ modeling_llama_{baseline,resformer,svformer}.py (github.com/Zcchill/Value-Residu
 they need transformers==4.44.2). Rows whose files or packages are missing are skipped with a note.
 """
 import ast
+import functools
 import glob
 import importlib.util
 import itertools
@@ -46,15 +47,19 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import _read_config_file, configure
+from ablations import BASELINES, AblationConfig, build_model
 from model import GPT, VARIANTS, GPTConfig
 from vrl import hardware, metrics, optim
 from vrl.settings import model_config
+
+PRESETS = VARIANTS | BASELINES  # every named variant: the paper's (model.py) and the baselines (ablations.py)
 
 # -----------------------------------------------------------------------------
 shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' or '468m': see SHAPES
 batch_size = 0  # sequences per training step; 0 = the shape's default for this device
 block_size = 0  # tokens per sequence; 0 = the shape's default for this device
-presets = 'all'  # comma-separated names from model.VARIANTS, or 'all'; vanilla is always included
+presets = 'all'  # comma-separated names from model.VARIANTS and ablations.BASELINES, or 'all'; vanilla
+#   is always included
 rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
@@ -78,9 +83,9 @@ node_check = False  # run node_config under torchrun on synthetic tokens: speed,
 node_config = 'config/resformer_82m.py'  # the config whose model, batch and dtype the node check trains
 nproc = 0  # ranks torchrun starts, one per GPU; 0 = every GPU here
 node_iters = 10  # steps of the straight run; a second run stops halfway, resumes, and must end the same
-train_args = ''  # more train.py arguments, after the check's common ones, e.g. '--micro_batch_size=16'
+train_args = ''  # more train.py arguments, after the check's common ones, e.g. '--batch_size=16'
 fit_config = 'config/resformer_1b6.py'  # the largest config the node is meant for, tried for a few steps
-#   at its own micro_batch_size (CUDA only); '' = skip
+#   at its own batch_size (CUDA only); '' = skip
 run_timeout = 1800  # seconds a run may take, start-up and compiling included; past it the check kills the
 #   run, ranks and all, and fails (a hung NCCL collective waits for ever)
 min_mfu = None  # fail below this MFU per GPU (ours: 0.15 = 15%); None = MFU_FLOORS's for this GPU, 0 = none
@@ -159,6 +164,26 @@ def write_synthetic_data(folder, shape):
         os.replace(path + '.tmp', path)
 
 
+@functools.cache
+def train_defaults():
+    """train.py's settings that its source assigns a literal, with their defaults, read without running it."""
+    with open(os.path.join(HERE, 'train.py'), encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError):
+                continue  # computed, not a setting
+    return defaults
+
+
+def train_setting(settings, key):
+    """A train.py setting as the run gets it: from settings (a config file's, train_args's), else its default."""
+    return settings[key] if key in settings else train_defaults()[key]
+
+
 def memory_estimate(path):
     """What a config's header states: {'eager': GB, 'compiled': GB, 'sequences': n, 'tokens': T}, or None."""
     with open(path, encoding='utf-8') as f:
@@ -168,10 +193,10 @@ def memory_estimate(path):
 
 def memory_estimate_gb(settings, compiled):
     """The peak memory per GPU of training with these settings (a config file's, as configurator reads it), in
-    GB: bf16 autocast, a micro-batch of micro_batch_size (or batch_size) sequences, eager or compiled. The
+    GB: bf16 autocast, a forward pass of batch_size sequences, eager or compiled. The
     method: docs/training.md, 'How the memory estimates are made'; each config header states the result."""
     with torch.device('meta'):  # padded as train.py pads it (GPT-NeoX's 50,277 tokens pad to the same 50,304)
-        model = GPT(model_config(settings, GPT2_VOCAB))
+        model = build_model(model_config(settings, GPT2_VOCAB))
     c = model.config
     d, f, kv = c.n_embd, c.ffn_hidden, c.n_kv_head * (c.n_embd // c.n_head)
     # Bytes a token keeps for the backward in one layer. Eager: the fp32 residual stream at both norms (8d),
@@ -193,10 +218,10 @@ def memory_estimate_gb(settings, compiled):
     # a token and entry (hooks), 1.8-1.9 at the step's peak (profiler, less the vocabulary-sized parameters'
     # share), and the generated backward's `buf1 = ...(mm_14, ...); del mm_14  # reuse`. GPU only: the same.
     head = (2 if compiled else 12) * c.vocab_size
-    tokens = (settings.get('micro_batch_size') or settings['batch_size']) * c.block_size
+    tokens = train_setting(settings, 'batch_size') * c.block_size
     # per parameter: fp32 weights and gradients (DDP's buckets hold them as views: no second copy), AdamW's
     # two fp32 moments (Muon's one momentum, for the blocks' matrices it trains), autocast's bf16 copy
-    muon = sum(w.numel() for w in optim.hidden_matrices(model)) if settings.get('optimizer') == 'muon' else 0
+    muon = sum(w.numel() for w in optim.hidden_matrices(model)) if train_setting(settings, 'muon') else 0
     return (18 * model.num_params() - 4 * muon + tokens * (c.n_layer * layer + head)) / 1e9
 
 
@@ -325,9 +350,9 @@ def compare_resume(straight_dir, resumed_dir, stopped_at):
         return True, (f"exact: stopped at step {stopped_at} and resumed, the run's log ({len(resumed)} "
                       f"records) and final weights equal the straight run's, bit for bit")
     drift = f"the final weights differ by up to {gap:.3g}"
-    # the records the first half wrote: its steps up to the stop, but not the evaluation there, which the
-    # resumed run repeats on the weights it loaded (as train.py keeps the log on resume)
-    if first and (first['step'] < stopped_at or first['step'] == stopped_at and 'val_loss' not in first):
+    # the records the first half wrote: its steps up to the stop and the evaluation there, which the resumed
+    # run does not repeat (train.py keeps the log on resume, and the checkpoint holds that evaluation)
+    if first and first['step'] <= stopped_at:
         return None, (f"not bit for bit: the two runs already differ at step {first['step']}, before the "
                       f"second one stopped (step {stopped_at}), so this node's kernels are not deterministic "
                       f"even in deterministic mode; {drift}")
@@ -374,9 +399,10 @@ def check_resume(ranks, exact, exact_dir, resumed_dir, stopped_at):
 
 def try_fit(ranks, precision):
     """fit_config's peak memory per GPU in GB, trained for FIT_STEPS steps on this node's GPUs at its own
-    micro_batch_size, or None if it ran out of memory. It saves no checkpoint (a 1.6B one is about 20 GB)."""
+    batch_size, or None if it ran out of memory. It saves no checkpoint (a 1.6B one is about 20 GB)."""
     fit_dir = os.path.join('out', 'node_check', 'fit')
-    # batch_size sequences a rank, not the job's 1024 over the ranks: full micro-batches, fewer of them
+    # one pass of batch_size sequences a rank a step, not the config's gradient_accumulation_steps passes:
+    # the same memory, fewer passes
     args = [fit_config, f'--dataset={NODE_DATA}', '--device=cuda', f'--dtype={precision}', '--log_interval=1',
             '--eval_iters=1', f'--eval_interval={FIT_STEPS}', f'--max_iters={FIT_STEPS}',
             f'--gradient_accumulation_steps={ranks}', '--save_checkpoint=False', f'--out_dir={fit_dir}',
@@ -426,8 +452,9 @@ def fit_verdict(peak, have):
     estimate = memory_estimate(fit_config)
     stated = f"; its header estimates {estimate['compiled']} GB compiled" if estimate else ""
     if peak is None:
-        return (f"fit: {fit_config} does NOT fit: out of memory in its first steps; lower micro_batch_size "
-                f"in it (the step stays the same){stated}", [f"{fit_config} does not fit: out of memory"])
+        return (f"fit: {fit_config} does NOT fit: out of memory in its first steps; lower batch_size in it "
+                f"and raise gradient_accumulation_steps to keep the step's sequences{stated}",
+                [f"{fit_config} does not fit: out of memory"])
     share = peak / have
     if estimate:
         stated += f" ({peak / estimate['compiled']:.2f} x)"
@@ -515,9 +542,12 @@ def check_node():
     # warm-up; a decay 100 times the run's length keeps the rate within 0.1% of it): a resume that loses
     # AdamW's moments then changes every weight's step by a good part of the rate (6e-4 at 82M), where in
     # the warm-up (step 5 of 120: 3e-5) its trace would be near drift's. Deterministic mode's math
-    # attention keeps the T x T matrices on CUDA: a sequence a pass keeps them small.
-    exact = [*common, '--deterministic=True', '--micro_batch_size=1', '--warmup_iters=0',
-             f'--lr_decay_iters={100 * node_iters}']
+    # attention keeps the T x T matrices on CUDA: a sequence a pass keeps them small, in as many passes as
+    # the step has sequences (the same batches).
+    settings = run_settings()
+    sequences = train_setting(settings, 'gradient_accumulation_steps') * train_setting(settings, 'batch_size')
+    exact = [*common, '--deterministic=True', '--batch_size=1', f'--gradient_accumulation_steps={sequences}',
+             '--warmup_iters=0', f'--lr_decay_iters={100 * node_iters}']
     print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
           f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
           flush=True)
@@ -550,8 +580,8 @@ def check_node():
     model_args = torch.load(os.path.join(exact_dir, 'ckpt.pt'), map_location='cpu', mmap=True,  # same model
                             weights_only=True)['model_args']
     with torch.device('meta'):
-        model = GPT(GPTConfig(**model_args))
-    ours, palm = (model.flops_per_token(model.config.block_size, causal) * speed / ranks / 1e12
+        model = build_model(AblationConfig(**model_args))
+    ours, palm = (metrics.flops_per_token(model, model.config.block_size, causal) * speed / ranks / 1e12
                   for causal in (True, False))
     print(f"model FLOP/s per GPU: {ours:.3g} TFLOP/s counting causal attention's half of the T x T matrices "
           f"(ours), {palm:.3g} TFLOP/s counting all of them (PaLM's and nanoGPT's)")
@@ -648,10 +678,10 @@ OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py',
 
 if shape not in SHAPES:
     raise SystemExit(f"bench.py: shape={shape!r}; use one of {', '.join(SHAPES)}")
-names = list(VARIANTS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',')
+names = list(PRESETS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',')
                                                                if p != 'vanilla']
-if unknown := [p for p in names if p not in VARIANTS]:
-    raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+if unknown := [p for p in names if p not in PRESETS]:
+    raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
 counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1),
           ('warmup', warmup, 0), ('loop_rounds', loop_rounds, 0))
 if too_low := [f"{name}={value}" for name, value, least in counts if value < least]:
@@ -694,10 +724,11 @@ def adamw(model):
 
 def flops(non_embedding_params):
     """Training FLOPs per token of a reference model with this many non-embedding weights at our shape,
-    counted by model.flops_per_token as ours are (6 per weight, plus causal attention): every row alike."""
+    counted by vrl.metrics.flops_per_token as ours are (6 per weight, plus causal attention): every row
+    alike."""
     counted = SimpleNamespace(config=SimpleNamespace(n_layer=L, n_embd=d),
                               num_params=lambda exclude_embedding: non_embedding_params)
-    return GPT.flops_per_token(counted, T)
+    return metrics.flops_per_token(counted, T)
 
 
 # --------------------------------------------------------------------------- contenders
@@ -705,8 +736,8 @@ def flops(non_embedding_params):
 
 def ours(variant):
     def build():
-        model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
-        return model, lambda m, x, y: m(x, y)[1], adamw(model), model.flops_per_token(T)
+        model = build_model(AblationConfig(variant=variant, block_size=T, **dims)).to(device)
+        return model, lambda m, x, y: m(x, y), adamw(model), metrics.flops_per_token(model, T)
     return variant, build
 
 
@@ -851,7 +882,7 @@ def available_bytes():
 TRAIN_CHILD = """
 import json, statistics, sys, time, torch
 import torch.nn.functional as F
-from model import GPT, GPTConfig
+from ablations import AblationConfig, build_model
 from vrl import optim
 variant, dims, B, T, device, dtype, compiled, logits, steps = json.loads(sys.argv[1])
 def status(field):  # kB
@@ -859,10 +890,10 @@ def status(field):  # kB
 open('/proc/self/clear_refs', 'w').write('5')  # reset VmHWM to the current resident set
 base = status('VmRSS:')
 torch.manual_seed(0)
-model = GPT(GPTConfig(variant=variant, block_size=T, **dims)).to(device)
+model = build_model(AblationConfig(variant=variant, block_size=T, **dims)).to(device)
 optimizer = optim.configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
 def with_logits(x, y):
-    out = model(x)[0]
+    out = model(x)
     return out, F.cross_entropy(out.float().view(-1, out.size(-1)), y.reshape(-1), ignore_index=-1)
 forward = with_logits if logits else model
 forward = torch.compile(forward) if compiled else forward
@@ -871,7 +902,8 @@ times = []
 for _ in range(steps):
     start = time.perf_counter()
     with torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype), enabled=dtype != 'float32'):
-        loss = forward(x[:, :-1], x[:, 1:])[1]
+        loss = forward(x[:, :-1], x[:, 1:])
+        loss = loss[1] if logits else loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -1040,11 +1072,12 @@ if decode_tokens:
     decoders = {}
     for name in names:
         torch.manual_seed(seed)
-        decoders[name] = GPT(GPTConfig(variant=name, block_size=16 + max(decode_tokens),
-                                       **dims)).to(device).eval()
+        decoders[name] = build_model(AblationConfig(variant=name, block_size=16 + max(decode_tokens),
+                                                    **dims)).to(device).eval()
         # as sample.py --compile; an untimed first run of each kind compiles it (prompt, then one token)
         if compile:
-            decoders[name].compile_for_decoding()
+            # on a CPU a small model's tokens cost mostly per-call overhead, which the C++ wrapper removes
+            decoders[name].compile(options={'cpp_wrapper': device_type == 'cpu'})
             for n in decode_tokens:
                 with autocast:
                     list(decoders[name].generate_tokens(prompt, n, temperature=0, use_cache=True))
@@ -1075,7 +1108,7 @@ else:
 # Filled by a real forward of 2,048 tokens on the 'meta'
 # device: the cache our code builds, without the memory.
 KV_CONTEXT = 2048
-KV_ROWS = [  # (label, GPTConfig flags, ratio to vanilla MHA predicted by the formulas of test_model.py)
+KV_ROWS = [  # (label, AblationConfig flags, ratio to vanilla MHA predicted by the formulas of test_model.py)
     ('vanilla', dict(variant='vanilla'), lambda L, g: Fraction(1)),
     ('resformer_identity', dict(variant='resformer_identity'), lambda L, g: Fraction(1)),
     ('svformer', dict(variant='svformer'), lambda L, g: Fraction(L + 1, 2 * L)),
@@ -1092,11 +1125,17 @@ def kv_bytes(shape_dims, flags):
     flags = dict(flags)
     group = flags.pop('gqa', 1)
     with torch.device('meta'):
-        model = GPT(GPTConfig(block_size=KV_CONTEXT, n_kv_head=shape_dims['n_head'] // group, **shape_dims,
-                              **flags))
+        model = build_model(AblationConfig(block_size=KV_CONTEXT, n_kv_head=shape_dims['n_head'] // group,
+                                           **shape_dims, **flags))
         cache = model.new_kv_cache(KV_CONTEXT)
         model.to(ptdtype)(torch.zeros(1, KV_CONTEXT, dtype=torch.long), kv_cache=cache)
-    return cache.nbytes()
+    return cache_bytes(cache)
+
+
+def cache_bytes(cache):
+    """Bytes a KV cache holds: its K and V tensors, and the token ids a TokenKVCache keeps (a bank of values)."""
+    tensors = [*cache.k, *cache.v, getattr(cache, 'tokens', None)]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 results['kv'] = []

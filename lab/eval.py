@@ -141,7 +141,7 @@ class ValueResidualLM(TemplateLM):
         longest = max(len(w) for w in windows)
         x = torch.tensor([w + [0] * (longest - len(w)) for w in windows], device=self._device)
         with self.autocast:
-            return self.model(x)[0]
+            return self.model(x)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, desc='loglikelihood requests'):
         """(log P(continuation | context), whether greedy decoding gives the continuation)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -17,9 +18,11 @@ import torch.nn.functional as F
 import prepare
 from vrl import data
 from vrl.tokenizer import load_tokenizer
+import lab.analyze as analyze_py
+from ablations import AblationConfig, AblationGPT, build_model
 from lab.analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
-                     sublayer_losses, token_norms)
-from model import GPT, AblationGPT, GPTConfig
+                         sublayer_losses, token_norms)
+from model import GPT, GPTConfig
 from vrl.run_folder import load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
 from testing import run_script
@@ -78,7 +81,7 @@ def test_token_norms():
 
 
 def test_layer_metrics_of_a_forward_pass():
-    model = AblationGPT(GPTConfig(**TINY, n_kv_head=1))  # the model that records statistics
+    model = AblationGPT(AblationConfig(**TINY, n_kv_head=1))  # the model that records statistics
     stats = {}
     model(torch.randint(TINY['vocab_size'], (2, 10)), stats=stats)
     metrics = layer_metrics(stats)
@@ -102,7 +105,7 @@ def test_cosine_similarity_with_layer_1_is_per_position():
 @pytest.mark.parametrize('n_kv_head', [2, 1])
 def test_svformer_values_are_v1_in_every_layer(n_kv_head):
     torch.manual_seed(0)
-    model, stats = AblationGPT(GPTConfig(**TINY, variant='svformer', n_kv_head=n_kv_head)), {}
+    model, stats = AblationGPT(AblationConfig(**TINY, variant='svformer', n_kv_head=n_kv_head)), {}
     with torch.no_grad():
         model(torch.randint(TINY['vocab_size'], (2, 10)), stats=stats)
     metrics = layer_metrics(stats)
@@ -111,18 +114,19 @@ def test_svformer_values_are_v1_in_every_layer(n_kv_head):
     assert (metrics['hidden_cos_h1'][1:] < 0.999).all()  # hidden states do change with depth
 
 
-@pytest.fixture(params=['current', 'identity'])  # model.py's paper path, and its general one
+@pytest.fixture(params=['current', 'identity'])  # model.py's paper model, and ablations.py's extension of it
 def tiny_resformer(request):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, variant='resformer_identity', value_mapping=request.param,
-                          n_kv_head=1)).eval()
+    model = build_model(AblationConfig(**TINY, variant='resformer_identity', value_mapping=request.param,
+                                       n_kv_head=1)).eval()
+    assert type(model) is (GPT if request.param == 'current' else AblationGPT)
     idx = torch.randint(TINY['vocab_size'], (2, 12))
     return model, idx[:, :-1], idx[:, 1:]
 
 
 def loss_of(model, inputs, targets):
     with torch.no_grad():
-        return model(inputs, targets)[1].item()
+        return model(inputs, targets).item()
 
 
 def test_skipping_nothing_is_the_model_loss_and_every_skip_changes_it(tiny_resformer):
@@ -167,6 +171,181 @@ def test_skipping_the_last_mlp_by_hand():
     assert skips['skip_mlp'][1].item() == pytest.approx(by_hand - loss, abs=1e-5)
 
 
+# ----------------------------------------------------------------------------- the paper's other analyses
+# (ICLR: the ICLR 2025 text), each against a direct computation on a tiny model: its layers run by hand
+
+
+def as_ablation_gpt(model):
+    """The AblationGPT (which records statistics, as analyze.py loads every checkpoint) with model's weights."""
+    twin = AblationGPT(AblationConfig(**asdict(model.config))).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def sharpened(model, factor=8.0):
+    """model with its queries and keys scaled up: peaked attention, where random weights give nearly uniform
+    attention, under which every mapping of the values looks alike."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.c_q.weight *= factor
+            block.attn.c_k.weight *= factor
+    return model
+
+
+def layers_by_hand(model, idx):
+    """Each layer of a GPT (model.py) on idx: {'q', 'k' (B, heads, T, hd), 'own' (its values x W_V, None
+    without W_V), 'attended' (what it attends over), 'attn' (B, H, T, T)}, the attention matrix computed
+    here from q and k: softmax(q k^T / √d_h), causal."""
+    T = idx.size(1)
+    rope = (model.rope_cos[:T], model.rope_sin[:T])
+    x, v1, layers = model.wte(idx), None, []
+    with torch.no_grad():
+        for n, block in enumerate(model.blocks, start=1):
+            attn, h = block.attn, block.norm_attn(x)
+            q, k = attn.heads(attn.c_q, h, rope), attn.heads(attn.c_k, h, rope)
+            own = attn.heads(attn.c_v, h) if attn.c_v is not None else None
+            x, attended = block(x, rope, model.lambdas[n - 1], v1, None)
+            v1 = attended if n == 1 else v1
+            keys = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+            scores = (q @ keys.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            future = torch.ones(T, T, dtype=torch.bool).triu(1)
+            layers.append({'q': q, 'k': k, 'own': own, 'attended': attended,
+                           'attn': scores.masked_fill(future, -math.inf).softmax(dim=-1)})
+    return layers
+
+
+def per_token(t, b):
+    """Sequence b of t (B, heads, T, D) as T rows, each its token's heads side by side."""
+    return torch.cat(list(t[b]), dim=-1)
+
+
+def eigenvalues_by_hand(values):
+    """Eigenvalues of (1/l) Σ_i v_i v_i^T over the rows v_i of values (l, D), largest first."""
+    moment = sum(torch.outer(v, v) for v in values.double()) / len(values)
+    return torch.linalg.eigvalsh(moment).flip(0)
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'resformer_identity', 'svformer'])
+def test_value_eigenvalues_are_those_of_each_layers_own_values_second_moment(monkeypatch, variant):
+    """ICLR Fig. 12 / Eqn. 12: per layer, the eigenvalues of (1/l) Σ_i v_i v_i^T over a sequence's tokens,
+    every head concatenated, sorted and averaged over the sequences; layer 1's whole spectrum, each layer's
+    largest. The values are the layer's own V_n (before ResFormer mixes V1 in); SVFormer's layers n > 1 have
+    none: V1, which they attend over."""
+    monkeypatch.setattr(analyze_py, 'device', 'cpu')
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, variant=variant)).eval()
+    windows = torch.randint(TINY['vocab_size'], (3, 12))
+    with one_thread():
+        result = analyze_py.analyze(as_ablation_gpt(model), windows, 'test')
+        by_hand = [layers_by_hand(model, w[None]) for w in windows]
+    D = TINY['n_embd']  # n_kv_head x head_dim
+    for n in range(1, TINY['n_layer'] + 1):
+        values = [w[n - 1]['own'] if w[n - 1]['own'] is not None else w[n - 1]['attended'] for w in by_hand]
+        spectra = torch.stack([eigenvalues_by_hand(per_token(v, 0)) for v in values])  # (windows, D)
+        expected = spectra.mean(dim=0)
+        assert len(expected) == D and result['value_eig_max'][n - 1] == pytest.approx(expected[0].item(),
+                                                                                      rel=1e-6)
+        if n == 1:
+            assert result['value_spectrum_1'] == pytest.approx(expected.tolist(), rel=1e-6, abs=1e-9)
+            assert result['value_spectrum_1'][12:] == pytest.approx([0] * (D - 12), abs=1e-9)  # rank <= T
+        if n > 1 and variant == 'resformer_identity':  # what it attends over, V'_n, gives another number
+            mixed = torch.stack([eigenvalues_by_hand(per_token(w[n - 1]['attended'], 0))
+                                 for w in by_hand]).mean(dim=0)
+            assert result['value_eig_max'][n - 1] != pytest.approx(mixed[0].item(), rel=1e-3)
+    if variant == 'svformer':
+        assert result['value_eig_max'][1:] == pytest.approx([result['value_eig_max'][0]] * 2, rel=1e-6)
+
+
+def cosine(a, b):
+    return (a @ b / (a.norm() * b.norm())).item()
+
+
+@pytest.mark.parametrize('n_kv_head', [2, 1])
+def test_cross_layer_attention_against_its_approximation_and_the_identity_mapping(monkeypatch, n_kv_head):
+    """ICLR Fig. 4 on a Transformer: for each layer n >= 2 and m = n - 1, cross-layer attention's output
+    (ICLR Eqn. 2: softmax over Q_n [K_n; K_m]^T, each half causal, values [V_n; V_m]) against ½ A_n (V_n +
+    V_m) (ICLR Eqn. 4) and A_n V_n + V_m (ICLR Eqn. 6), per token, heads concatenated, before W_O."""
+    monkeypatch.setattr(analyze_py, 'device', 'cpu')
+    torch.manual_seed(0)
+    model = sharpened(GPT(GPTConfig(**TINY, variant='vanilla', n_kv_head=n_kv_head)).eval())
+    windows = torch.randint(TINY['vocab_size'], (2, 10))
+    with one_thread():
+        result = analyze_py.analyze(as_ablation_gpt(model), windows, 'test')
+        by_hand = [layers_by_hand(model, w[None]) for w in windows]
+    T, H, group = 10, TINY['n_head'], TINY['n_head'] // n_kv_head
+    assert math.isnan(result['cross_cos_approx'][0]) and math.isnan(result['cross_cos_identity'][0])
+    for n in range(2, TINY['n_layer'] + 1):
+        approx, identity = [], []
+        for layers in by_hand:
+            layer, previous = layers[n - 1], layers[n - 2]
+            cross_out, approx_out, identity_out = (torch.zeros(H, T, layer['own'].size(-1)) for _ in range(3))
+            for h in range(H):
+                q, kv = layer['q'][0, h], h // group
+                k_n, v_n = layer['k'][0, kv], layer['own'][0, kv]
+                k_m, v_m = previous['k'][0, kv], previous['own'][0, kv]
+                for i in range(T):  # token i sees tokens 0..i of both layers, in one softmax
+                    scores = torch.cat([k_n[:i + 1] @ q[i], k_m[:i + 1] @ q[i]]) / math.sqrt(q.size(-1))
+                    weights = scores.softmax(dim=0)
+                    cross_out[h, i] = weights @ torch.cat([v_n[:i + 1], v_m[:i + 1]])
+                    a_n = (k_n[:i + 1] @ q[i] / math.sqrt(q.size(-1))).softmax(dim=0)  # row i of A_n
+                    approx_out[h, i] = 0.5 * a_n @ (v_n[:i + 1] + v_m[:i + 1])
+                    identity_out[h, i] = a_n @ v_n[:i + 1] + v_m[i]
+            rows = [per_token(t[None], 0) for t in (cross_out, approx_out, identity_out)]
+            approx.append(np.mean([cosine(rows[0][i], rows[1][i]) for i in range(T)]))
+            identity.append(np.mean([cosine(rows[0][i], rows[2][i]) for i in range(T)]))
+        assert result['cross_cos_approx'][n - 1] == pytest.approx(np.mean(approx), abs=1e-5)
+        assert result['cross_cos_identity'][n - 1] == pytest.approx(np.mean(identity), abs=1e-5)
+        assert np.mean(approx) < 0.999 and abs(np.mean(approx) - np.mean(identity)) > 1e-3  # they tell apart
+
+
+def test_cross_layer_cosines_are_left_empty_for_a_model_other_than_a_transformer(monkeypatch):
+    monkeypatch.setattr(analyze_py, 'device', 'cpu')
+    model = AblationGPT(AblationConfig(**TINY, variant='resformer_identity')).eval()
+    with one_thread():
+        result = analyze_py.analyze(model, torch.randint(TINY['vocab_size'], (1, 8)), 'test')
+    assert all(math.isnan(c) for name in ('cross_cos_approx', 'cross_cos_identity') for c in result[name])
+
+
+@pytest.mark.parametrize('variant', ['vanilla', 'resformer_identity'])
+def test_token_importance_by_position_and_top_k(monkeypatch, variant):
+    """ICLR A.2, Figs. 19-21: p_j = the column sums of the head-averaged attention matrix, normalised, per
+    position averaged over the sequences (the first 64 positions kept), and the k-th largest p_j of a
+    sequence for k = 1, 2, 3, 10 and the top 1% rank (here T = 150: k = 2), per layer."""
+    monkeypatch.setattr(analyze_py, 'device', 'cpu')
+    torch.manual_seed(0)
+    model = sharpened(GPT(GPTConfig(**(TINY | dict(block_size=160)), variant=variant)).eval(), 4.0)
+    windows = torch.randint(TINY['vocab_size'], (2, 150))
+    with one_thread():
+        result = analyze_py.analyze(as_ablation_gpt(model), windows, 'test')
+        by_hand = [layers_by_hand(model, w[None]) for w in windows]
+    assert np.array(result['importance_by_position']).shape == (TINY['n_layer'], 64)
+    for n in range(1, TINY['n_layer'] + 1):
+        importances = []
+        for layers in by_hand:
+            received = layers[n - 1]['attn'][0].mean(dim=0).sum(dim=0)  # column sums, heads averaged
+            importances.append((received / received.sum()).tolist())
+        ranked = [sorted(p, reverse=True) for p in importances]
+        for name, k in [('importance_top1', 1), ('importance_top2', 2), ('importance_top3', 3),
+                        ('importance_top10', 10), ('importance_top1pct', 2)]:
+            assert result[name][n - 1] == pytest.approx(np.mean([r[k - 1] for r in ranked]), rel=1e-5), name
+        assert result['importance_by_position'][n - 1] == pytest.approx(
+            np.mean([p[:64] for p in importances], axis=0), rel=1e-5, abs=1e-9)
+        # the entropy analyze.py already reports is that of the same distribution
+        assert result['entropy'][n - 1] == pytest.approx(
+            np.mean([-sum(x * math.log(x) for x in p if x > 0) for p in importances]), rel=1e-5)
+    assert result['importance_top1'] != pytest.approx(result['importance_top2'], rel=1e-3)
+
+
+def test_a_top_k_past_the_sequence_length_is_left_empty(monkeypatch):
+    monkeypatch.setattr(analyze_py, 'device', 'cpu')
+    model = AblationGPT(AblationConfig(**TINY)).eval()
+    with one_thread():
+        result = analyze_py.analyze(model, torch.randint(TINY['vocab_size'], (1, 6)), 'test')
+    assert all(math.isnan(p) for p in result['importance_top10'])  # 6 tokens
+    assert result['importance_top1pct'] == result['importance_top1']  # ceil(6 / 100) = 1
+    assert np.array(result['importance_by_position']).shape == (TINY['n_layer'], 6)
+
+
 DOCUMENTS = [f"doc {i}: the quick brown fox jumps over the lazy dog {i % 7} times." for i in range(30)]
 
 
@@ -192,6 +371,19 @@ def runs(tmp_path_factory):
 
 
 ANALYZE_PY = os.path.join(HERE, 'lab', 'analyze.py')
+TRAIN_PY = os.path.join(HERE, 'train.py')
+
+
+@pytest.fixture(scope='module')
+def step0(runs):
+    """A vanilla run's step-0 checkpoint, written by train.py --max_iters=0 (ICLR Fig. 1 Left's model at
+    initialisation) on the runs' data, in runs/vanilla_step0."""
+    result = subprocess.run([sys.executable, TRAIN_PY, f"--dataset={runs / 'data'}", '--max_iters=0',
+                             '--variant=vanilla', '--n_layer=3', '--n_head=2', '--n_embd=32', '--block_size=32',
+                             '--batch_size=4', '--eval_iters=1', '--device=cpu', '--out_dir=vanilla_step0'],
+                            capture_output=True, text=True, cwd=runs, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert result.returncode == 0, result.stderr
+    return runs / 'vanilla_step0' / 'ckpt.pt'
 
 
 def analyze_cli(runs, *args):
@@ -269,6 +461,23 @@ def test_document_start_windows_and_seeds_averaged(runs):
     assert float(rows[0]['entropy_std']) == pytest.approx(seeds.std(axis=0, ddof=1)[0], rel=1e-4)
     assert rows[3]['entropy_std'] == ''
 
+    # the paper's other analyses, in the table, metrics.json and metrics.csv; empty cells are null and ''
+    for title in ('ICLR A.2: the k-th largest token importance', 'top-10', 'ICLR Fig. 12: the largest',
+                  'cos ½A(Vn+Vm)', "ICLR Fig. 12, layer 1's 32 eigenvalues, largest first: ",
+                  "ICLR A.2, the first token's importance by layer: "):
+        assert title in result.stdout, title
+    resformer = report['groups']['resformer_identity']
+    for group in (vanilla, resformer):
+        assert len(group['mean']['value_spectrum_1']) == TINY['n_embd']  # n_kv_head x head_dim
+        assert np.array(group['mean']['importance_by_position']).shape == (3, 32)
+        assert all(len(group['mean'][name]) == 3 for name in analyze_py.TOKEN_IMPORTANCE)
+        assert group['mean']['value_eig_max'][0] == group['mean']['value_spectrum_1'][0]
+    assert vanilla['mean']['cross_cos_approx'][0] is None and None not in vanilla['mean']['cross_cos_approx'][1:]
+    assert vanilla['std']['cross_cos_identity'][0] is None and len(vanilla['std']['value_spectrum_1']) == 32
+    assert resformer['mean']['cross_cos_approx'] == [None] * 3  # ICLR Fig. 4 is of a Transformer
+    assert rows[0]['cross_cos_approx'] == '' and float(rows[1]['cross_cos_approx']) == pytest.approx(
+        vanilla['mean']['cross_cos_approx'][1])
+
 
 def test_mid_text_windows(runs):
     result = analyze(runs, 'vanilla_1', '--windows=mid_text', '--num_seqs=3', '--out=mid')
@@ -280,6 +489,27 @@ def test_mid_text_windows(runs):
     windows = np.stack([val[o:o + 32] for o in report['offsets']])
     assert report['groups']['vanilla']['mean']['entropy'] == \
         pytest.approx(entropies_of(runs / 'vanilla_1' / 'ckpt.pt', windows), rel=1e-5)
+
+
+def test_a_step_0_checkpoint_of_train_py_is_analyzed_as_any(runs, step0):
+    """ICLR Fig. 1 Left: the model at initialisation beside the trained one. train.py --max_iters=0 writes
+    the step-0 checkpoint, whose config names its data by dataset (data/<dataset>; older train.py versions
+    also wrote data_dir, which the other checkpoints here give)."""
+    assert torch.load(step0, weights_only=True)['iter_num'] == 0
+    result = analyze(runs, 'vanilla_step0', 'vanilla_1', '--out=step0')
+    assert result.returncode == 0, result.stderr
+    with open(runs / 'step0' / 'metrics.json') as f:
+        report = json.load(f)
+    assert report['data_dir'] == str(runs / 'data')
+    [(label, group), (_, trained)] = report['groups'].items()
+    assert label.startswith('vanilla (') and 'iter_num=0' in label and group['iter_num'] == 0
+    assert f"{label}: 3 layers, iter 0, 1 run(s): vanilla_step0/ckpt.pt" in result.stdout
+    windows = np.stack([np.concatenate([load_tokenizer(data.load_meta(str(runs / 'data'))).encode('\n\n'),
+                                        data.open_split(str(runs / 'data'), 'val')[0][s:s + 30]])
+                        for s in report['offsets']])
+    assert group['mean']['entropy'] == pytest.approx(entropies_of(step0, windows), rel=1e-5)
+    assert group['mean']['loss'] == pytest.approx(losses_of(step0, windows).mean(), rel=1e-5)
+    assert trained['iter_num'] == 20
 
 
 def test_groups_of_one_variant_are_named_by_what_differs(runs):
@@ -294,7 +524,7 @@ def test_a_setting_added_by_a_later_train_py_does_not_split_a_group(runs):
     """Seeds of one run trained by train.py versions with and without a newer setting (its config and
     model_args have keys the older lack) still form one group: a missing setting tells no run apart."""
     checkpoint = torch.load(runs / 'vanilla_2' / 'ckpt.pt', weights_only=True)
-    checkpoint['config'] = dict(checkpoint['config'], micro_batch_size=None)
+    checkpoint['config'] = dict(checkpoint['config'], max_time=0)
     checkpoint['model_args'] = dict(checkpoint['model_args'], value_embeds=False)
     (runs / 'vanilla_newer').mkdir(exist_ok=True)
     torch.save(checkpoint, runs / 'vanilla_newer' / 'ckpt.pt')

@@ -17,9 +17,12 @@ import pytest
 
 import torch
 
+from ablations import BASELINES
 from configurator import _read_config_file
 from model import VARIANTS
 from vrl.data import load_meta, open_split
+
+PRESETS = VARIANTS | BASELINES  # bench.py's: the paper's variants and the baselines
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
@@ -96,15 +99,15 @@ def test_the_training_table_has_a_row_per_preset_with_vanilla_at_one(smoke):
     train = tables(smoke[0])[0]
     assert train[0][:2] == ['contender', 'params']
     rows = {row[0]: row for row in train[2:]}
-    assert set(VARIANTS) <= set(rows)
+    assert set(PRESETS) <= set(rows)
     assert rows['vanilla'][3] == '1.000'
 
 
 def test_the_json_holds_every_section(smoke):
     results = smoke[1]
-    assert {row['contender'] for row in results['train']} >= set(VARIANTS)
+    assert {row['contender'] for row in results['train']} >= set(PRESETS)
     assert all(len(row['step_s_per_round']) == results['settings']['rounds'] for row in results['train'])
-    assert {row['variant'] for row in results['decode']} == set(VARIANTS)
+    assert {row['variant'] for row in results['decode']} == set(PRESETS)
     assert results['matmul']['flops_per_s'] > 0
     assert results['memory'] and results['memory'][0]['variant'] == 'vanilla'
 
@@ -130,8 +133,9 @@ print('frames', counters['frames']['total'], counters['frames']['ok'])
 
 
 def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(tmp_path):
-    # 13 variants share GPT.forward, more than the 8 entries torch keeps for one code object by default
-    assert len(VARIANTS) > 8
+    # 15 presets share two forwards (GPT's, AblationGPT's), more than the 8 entries torch keeps for one code
+    # object by default
+    assert len(PRESETS) > 8
     run = subprocess.run([sys.executable, '-c', EAGER_BACKEND_BENCH, '--smoke', '--compile=True',
                           '--memory=False', '--decode_tokens=(2,)', '--device=cpu',
                           f'--out={tmp_path / "bench.json"}'], cwd=HERE, capture_output=True, text=True,
@@ -139,17 +143,17 @@ def test_compile_true_compiles_every_contender_even_past_torchs_recompile_limit(
     assert run.returncode == 0, run.stderr[-2000:]
     assert 'recompile_limit' not in run.stderr
     total, ok = map(int, run.stdout.splitlines()[-1].split()[1:])
-    assert total == ok > len(VARIANTS)  # every frame dynamo met was compiled: none fell back to eager
+    assert total == ok > len(PRESETS)  # every frame dynamo met was compiled: none fell back to eager
     results = json.loads((tmp_path / 'bench.json').read_text())
-    assert results['settings']['compile'] and {row['variant'] for row in results['decode']} == set(VARIANTS)
+    assert results['settings']['compile'] and {row['variant'] for row in results['decode']} == set(PRESETS)
 
 
-# The 82M config's model at a tiny width and depth, its global batch of 1024 sequences cut to 8, on 2 CPU
-# ranks; no fit run (it runs on CUDA alone)
+# The 82M config's model at a tiny width and depth, its step of 1024 sequences cut to 8 (2 passes of 4, one a
+# rank), on 2 CPU ranks; no fit run (it runs on CUDA alone)
 NODE_CHECK = ['--node_check', '--nproc=2', '--device=cpu', '--node_iters=4', '--fit_config=',
               f'--node_config={HERE}/config/resformer_82m.py']
-TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=8 '
-              '--gradient_accumulation_steps=1')
+TINY_SHAPE = ('--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=4 '
+              '--gradient_accumulation_steps=2')
 
 
 def node_check(cwd, train_args, *more, bench=os.path.join(HERE, 'lab', 'bench.py')):
@@ -189,9 +193,10 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
                                                              'resumed']
     # speed and memory as the job runs, and no checkpoint, which nothing reads
     assert '--deterministic' not in launched[0] and ' --save_checkpoint=False ' in launched[0]
-    # the resume at the config's full rate (6e-4) from the first step, with the checkpoints it compares
-    exact = (' --deterministic=True --micro_batch_size=1 --warmup_iters=0 --lr_decay_iters=400 '
-             '--out_dir=out/node_check/')
+    # the resume at the config's full rate (6e-4) from the first step, with the checkpoints it compares, a
+    # sequence a pass: the step's 8 sequences in 8 passes
+    exact = (' --deterministic=True --batch_size=1 --gradient_accumulation_steps=8 --warmup_iters=0 '
+             '--lr_decay_iters=400 --out_dir=out/node_check/')
     assert launched[1].endswith(f'{exact}deterministic --max_iters=4 --overwrite=True')
     assert launched[3].endswith(f'{exact}resumed --max_iters=4 --init_from=resume')
     assert all('--save_checkpoint' not in line for line in launched[1:])
@@ -231,8 +236,9 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
     assert lines[-1].startswith('node check passed')
     # what it wrote: data that prepare.py's reader accepts, and two deterministic runs that ended alike
     meta = load_meta(tmp_path / 'data' / 'node_check')
-    # the validation split: 16 of the run's batches (8 x 64 tokens), and one token for the last target
-    assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) == 8193
+    # the validation split: 16 of the run's evaluation batches (a pass's 4 x 64 tokens), and one token for the
+    # last target
+    assert meta['vocab_size'] == 50257 and len(open_split(tmp_path / 'data' / 'node_check', 'val')[0]) == 4097
     straight, resumed = (torch.load(runs / name / 'ckpt.pt', weights_only=True)
                          for name in ('deterministic', 'resumed'))
     assert straight['iter_num'] == resumed['iter_num'] == 4
@@ -382,10 +388,10 @@ def test_node_check_fails_past_its_thresholds_and_on_a_resume_that_drops_the_opt
     code = tmp_path / 'code'
     for name in ('vrl', 'lab', 'config'):
         shutil.copytree(Path(HERE, name), code / name, ignore=shutil.ignore_patterns('__pycache__'))
-    for name in ('train.py', 'model.py', 'configurator.py'):
+    for name in ('train.py', 'model.py', 'ablations.py', 'configurator.py'):
         shutil.copy(Path(HERE, name), code / name)
     train = (code / 'train.py').read_text()
-    load = 'run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)'
+    load = "optimizer.load_state_dict(ckpt['optimizer'])"
     assert train.count(load) == 1
     (code / 'train.py').write_text(train.replace(load, 'pass  # a resume that loses the optimizer state'))
     (tmp_path / 'run').mkdir()
@@ -473,7 +479,7 @@ def test_the_runs_estimate_is_the_headers_unless_train_args_change_what_it_count
     monkeypatch.setitem(bench, 'node_config', config)
     monkeypatch.setitem(bench, 'train_args', '--compile=True --peak_tflops=989')
     assert bench['run_estimate'](True) == (19, f"{config}'s header estimate of 19 GB compiled")
-    monkeypatch.setitem(bench, 'train_args', '--micro_batch_size=16 --variant=vanilla')
+    monkeypatch.setitem(bench, 'train_args', '--batch_size=16 --variant=vanilla')
     estimate, stated = bench['run_estimate'](True)
     assert 5 < estimate < 15 and stated == (f"memory_estimate_gb's {estimate:.3g} GB compiled for these "
                                             f"train_args ({config}'s header states 19 GB for its own)")
@@ -491,7 +497,7 @@ def test_every_full_scale_configs_header_states_the_memory_bench_computes_for_it
         assert bench['memory_estimate'](path) == {
             'eager': round(bench['memory_estimate_gb'](settings, compiled=False)),
             'compiled': round(bench['memory_estimate_gb'](settings, compiled=True)),
-            'sequences': settings['micro_batch_size'] or settings['batch_size'],
+            'sequences': settings['batch_size'],
             'tokens': settings['block_size']}, path.name
         checked.append(path.name)
     assert len(checked) >= 15 and 'resformer_1b6.py' in checked
@@ -503,7 +509,7 @@ def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
     assert run.returncode == 1 and 'Root Cause' in run.stderr  # torchrun's last lines, shown above
     assert run.stderr.splitlines()[-1].startswith(
         'bench.py: node check: the straight run failed with exit status 1 (train.py: the training loss or '
-        'gradient norm became NaN or inf at step 1')
+        'gradient norm became NaN or inf by step 1')
 
 
 @pytest.mark.parametrize('args, message', [

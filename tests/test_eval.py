@@ -61,7 +61,7 @@ def train_on_answers(variant, steps):
     y = torch.tensor([d[1:] + [-1] * (longest - len(d)) for d in docs])  # -1: padding, not scored
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(steps):
-        _, loss = model(x, y)
+        loss = model(x, y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -142,7 +142,7 @@ def direct_log_prob(model, vocab_size, context, continuation):
     sequence, its last block_size + 1 tokens, probabilities over the tokenizer's vocabulary."""
     tokens = (context + continuation)[-(model.config.block_size + 1):]
     with torch.no_grad():
-        logits = model(torch.tensor([tokens[:-1]]))[0][0, :, :vocab_size]
+        logits = model(torch.tensor([tokens[:-1]]))[0, :, :vocab_size]
     n = len(continuation)
     log_probs = F.log_softmax(logits.float(), dim=-1)[len(tokens) - 1 - n:]
     return (sum(log_probs[j, token].item() for j, token in enumerate(continuation)),
@@ -192,7 +192,7 @@ def test_rolling_loglikelihood_equals_a_direct_computation(checkpoints, extra_ta
             end = min(start + L, len(ids))
             first = max(0, end - L)  # the window reads seq[first:end] and predicts ids[first:end]
             with torch.no_grad():
-                logits = model(torch.tensor([seq[first:end]]))[0][0, :, :vocab_size]
+                logits = model(torch.tensor([seq[first:end]]))[0, :, :vocab_size]
             log_probs = F.log_softmax(logits, dim=-1)
             expected += sum(log_probs[j - first, ids[j]].item() for j in range(start, end))
         [[log_prob]] = item['resps']
