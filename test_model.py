@@ -106,23 +106,10 @@ ABLATION_CASES = {
                                          lambdas=MIXED),
 }
 ALL_CASES = {name: dict(variant=name) for name in VARIANTS | BASELINES} | EXTRA_CASES | ABLATION_CASES
-# BUG (ablations.py, see the report): a named variant whose λ table AblationConfig sets outside model.py's
-# variant_lambdas (neutreno_resformer's Identity table, shared_query's and shared_key's (1, 0) rows, SVFormer's
-# anchors' (0, 1) rows) does not survive asdict -> AblationConfig, which is how every checkpoint is read back:
-# GPTConfig.apply_variant compares the stored table with variant_lambdas' (None for the baselines, no anchors)
-# and refuses it. Strict: each mark must go when the bug is fixed.
-SETS_ITS_OWN_LAMBDAS = ('neutreno_resformer', 'shared_query', 'shared_key')
-VARIANT_LAMBDAS_DO_NOT_ROUND_TRIP = pytest.mark.xfail(
-    raises=(ValueError, SystemExit), strict=True,
-    reason="the variant's λ table is not variant_lambdas', which apply_variant then refuses")
-
-
 def round_trip_params(cases):
-    def broken(kw):
-        named = kw.get('variant', 'custom') != 'custom'
-        return kw.get('variant') in SETS_ITS_OWN_LAMBDAS or bool(kw.get('anchors')) and named
-    return [pytest.param(case, marks=VARIANT_LAMBDAS_DO_NOT_ROUND_TRIP) if broken(ALL_CASES[case]) else case
-            for case in cases]
+    """The cases, every one of which survives asdict -> AblationConfig (how a checkpoint is read back):
+    the baselines that set their own λ and SVFormer's anchors included."""
+    return list(cases)
 
 
 def tiny_config(**kw):
@@ -915,18 +902,9 @@ def test_kv_cache_store_writes_at_pos_and_returns_every_position():
     assert type(tiny_model(value_bank=True).new_kv_cache()) is TokenKVCache
 
 
-# BUG (ablations.py, see the report): AblationGPT.lambdas reads super().lambdas, a property of GPT, which
-# torch 2.13's dynamo cannot trace ("'property' object is not subscriptable"): fullgraph fails on every
-# AblationGPT, and a plain torch.compile (train.py, sample.py) breaks the graph there. Strict: the mark must go
-# when the bug is fixed (e.g. GPT.lambdas' body in a plain method that both properties call).
-SUPER_LAMBDAS_BREAKS_THE_GRAPH = pytest.mark.xfail(
-    strict=True, raises=torch._dynamo.exc.Unsupported,
-    reason='AblationGPT.lambdas calls super().lambdas, which dynamo cannot trace')
-
-
-@pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', *(
-    pytest.param(case, marks=SUPER_LAMBDAS_BREAKS_THE_GRAPH) for case in (
-        'denseformer', 'attention_residual', 'value_bank_resformer_gqa', 'mapping_cross', 'gpt2_svformer_gqa'))])
+@pytest.mark.parametrize('case', ['vanilla', 'resformer_learnable_plus', 'svformer_gqa', 'denseformer',
+                                  'attention_residual', 'value_bank_resformer_gqa', 'mapping_cross',
+                                  'gpt2_svformer_gqa'])
 def test_compiled_decoding_compiles_once_not_per_token(case):
     """torch.compile traces the cached forward whole (fullgraph) and reuses it: once prompts of two lengths
     have been seen, longer generations from other prompt lengths compile nothing new, and give the uncompiled
@@ -1444,14 +1422,7 @@ BAD_CONFIGS = {
 }
 
 
-# BUG (ablations.py, see the report): AblationConfig.apply_variant sets the anchors' λ rows (`n in anchors`)
-# before check() refuses anchors that are not a tuple of layer numbers: a TypeError, not a one-line ValueError.
-BAD_CONFIG_BUGS = {'anchors as a number with a variant': pytest.mark.xfail(
-    strict=True, raises=TypeError, reason="apply_variant reads `n in anchors` before check() refuses them")}
-
-
-@pytest.mark.parametrize('case', [pytest.param(case, marks=BAD_CONFIG_BUGS[case]) if case in BAD_CONFIG_BUGS
-                                  else case for case in BAD_CONFIGS])
+@pytest.mark.parametrize('case', list(BAD_CONFIGS))
 def test_bad_config_raises_one_line_value_error(case):
     with pytest.raises(ValueError) as e:
         tiny_config(**BAD_CONFIGS[case])
@@ -1701,10 +1672,6 @@ def test_model_py_alone_builds_trains_and_generates(tmp_path):
             row[:4] == p for row, p in zip(run['cached'], run['prompt'])), variant
 
 
-# BUG (model.py, see the report): GPTConfig accepts n_layer=1 (only the value residual needs 2 layers), but
-# GPT.whole_table expands an empty (0, 2) slice of the later layers' rows to source_layer rows: a RuntimeError
-# (also residual_from='second' at n_layer=2). Strict: the mark must go when the bug is fixed.
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="whole_table expands an empty tensor when no layer mixes")
 @pytest.mark.parametrize('kw', [dict(n_layer=1), dict(variant='resformer_identity', residual_from='second',
                                                       n_layer=2)], ids=['one layer', 'second of two'])
 def test_a_model_whose_layers_mix_nothing_in_builds_and_runs(kw):
