@@ -110,21 +110,29 @@ x = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)
 
 class Sample:
     """One sample's text, decoded as its tokens arrive, each token once: a token that ends inside a
-    multi-byte character (BPE can split one) waits for the rest, and only the text's tail is searched for
-    the stop text. new() gives the text that is final since it was last called: not a tail that may
-    begin the stop text."""
+    multi-byte character (BPE can split one, and a token may end inside the next one too) waits for the
+    rest, and only the text's tail is searched for the stop text: the text is the whole sample's decode.
+    new() gives the text that is final since it was last called: not a tail that may begin the stop
+    text. finish() at the end decodes what still waits, as decoding the whole sample would (U+FFFD)."""
 
     def __init__(self):
         self.parts, self.pending, self.tail, self.finished, self.given = [], [], '', False, 0
 
     def add(self, token):
         if token == tokenizer.eot_token:  # end of document
-            self.finished = True
+            self.finish()
             return
         self.pending.append(token)
         piece = tokenizer.decode(self.pending)
-        if piece.endswith('\ufffd') and len(self.pending) < 4:  # a UTF-8 character has 4 bytes at most
-            return
+        if not piece.endswith('\ufffd'):  # else it ends inside a character: wait for the rest
+            self.take(piece)
+
+    def finish(self):
+        self.finished = True
+        if self.pending:
+            self.take(tokenizer.decode(self.pending))
+
+    def take(self, piece):
         self.pending, self.tail = [], self.tail + piece
         if stop and stop in self.tail:
             self.tail, self.finished = self.tail[:self.tail.index(stop)], True
@@ -162,6 +170,8 @@ with ctx:
         if all(sample.finished for sample in samples):
             break
 elapsed = time.time() - t0
+for sample in samples:  # max_new_tokens reached
+    sample.finish()
 
 if streaming:
     print(samples[0].new() + samples[0].tail)

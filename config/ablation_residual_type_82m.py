@@ -13,7 +13,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --out_dir=out/sec4.4_resformer_identity
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=query --out_dir=out/sec4.4_query_residual
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=key --out_dir=out/sec4.4_key_residual
-#   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=attention --batch_size=16 --gradient_accumulation_steps=64 --out_dir=out/sec4.4_attention_residual
+#   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=attention --batch_size=16 --gradient_accumulation_steps=64 --eval_iters=112 --out_dir=out/sec4.4_attention_residual
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=hidden --out_dir=out/sec4.4_hidden_from_h0
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_residual_type_82m.py --variant=resformer_identity --residual_type=hidden --residual_from=second --out_dir=out/sec4.4_hidden_from_h1
 # The relative training loss (each run's smoothed training loss minus the Transformer's):

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from ablations import AblationConfig, build_model
 from vrl import cli, locks, metrics
 
-import relative_loss  # lab/relative_loss.py, beside this file
+from lab import relative_loss  # lab/relative_loss.py, beside this file (lab.reproduce imports too)
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
@@ -499,8 +499,11 @@ def run_one(settings, run_dir, summary_path, env):
     summary = summarize(run_dir, settings, seconds) | {'commit': commit(), 'probe': today,
                                                        'threads': env.get('OMP_NUM_THREADS', 'default')}
     if summary_path.exists():  # retrained (stale, or for its training curve): say whether it ends the same
-        before = json.loads(summary_path.read_text())
-        summary['replaces'] = {k: before.get(k) for k in ('final_val_loss', 'commit')}
+        try:
+            before = json.loads(summary_path.read_text())
+            summary['replaces'] = {k: before.get(k) for k in ('final_val_loss', 'commit')}
+        except (OSError, ValueError, AttributeError):  # unreadable (cut short): nothing to compare
+            pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
     os.replace(summary_path.with_suffix('.tmp'), summary_path)
@@ -1017,7 +1020,10 @@ def relative_rows(groups):
     for label, points in relative_series(groups).items():
         rel = [[s, m] for s, m, _ in points]
         cross, ahead = relative_loss.crossing(rel), relative_loss.extrapolated_crossing(rel)
-        n = min(len(groups[label]['runs']), len(groups[groups[label]['baseline']]['runs']))
+        group, base = groups[label], groups[groups[label]['baseline']]
+        curved = {seed for run, seed in zip(base['runs'], base['seeds']) if run.get('train_curve')}
+        n = sum(bool(run.get('train_curve')) and seed in curved  # the seeds in the mean
+                for run, seed in zip(group['runs'], group['seeds']))
         rows.append(f"| {label} | {n} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
                     + (f"{cross:.0f}" if cross is not None else "never" + (f" (about {ahead:,.0f})"
                                                                             if ahead else "")) + " |")
@@ -1163,10 +1169,17 @@ def main(argv=None):
         raise SystemExit(f"reproduce.py: --jobs={args.jobs}; use at least 1")
     if args.seeds < 1:
         raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
+    if args.gpus < 0:
+        raise SystemExit(f"reproduce.py: --gpus={args.gpus}; use 0 or more (0 or 1: --jobs runs at a time)")
     if args.suite != 'all' and args.suite not in SUITES:
         raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; "
                          f"choose one of: all, {', '.join(SUITES)}")
     suites = SUITES if args.suite == 'all' else [args.suite]
+    labels = [label for suite in suites for label, _, _ in suite_groups(suite, args.scale)]
+    if not any(fnmatch.fnmatchcase(label, args.only) for label in labels):
+        raise SystemExit(f"reproduce.py: --only={args.only!r} matches no group of {args.suite} (its groups: "
+                         + ', '.join(map(repr, labels[:8])) + (', ...' if len(labels) > 8 else '')
+                         + "); --dry_run lists them all")
     seeds = [1337 + k for k in range(args.seeds)]
     results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
     for name, path in (('results_dir', results_dir), ('runs_dir', runs_dir)):
@@ -1194,6 +1207,14 @@ def main(argv=None):
             raise SystemExit(143)
         report = write_report(suite, args.scale, seeds, results_dir)
         print(f"wrote {report.relative_to(REPO) if report.is_relative_to(REPO) else report}")
+        paths = {name: results_dir / 'runs' / f'{name}.json' for _, name, _ in suite_runs(suite, args.scale, seeds)}
+        broken = [paths[name] for _, name, settings in suite_runs(suite, args.scale, seeds)
+                  if summary_state(paths[name], settings) == 'unreadable']
+        if broken:  # one line: the report leaves them out
+            print(f"reproduce.py: {broken[0]}" + (f" and {len(broken) - 1} more" if broken[1:] else '')
+                  + " unreadable (cut short, or not a run summary), left out of the tables; `python "
+                  f"lab/reproduce.py {suite}{'' if args.scale == 'cpu' else f' --scale={args.scale}'}` "
+                  "retrains them", file=sys.stderr)
         if suite in ANALYSED and not args.report_only:
             analyse(suite, args.scale, seeds, runs_dir, report.parent)
     if failures:

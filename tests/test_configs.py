@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from ablations import AblationConfig, build_model
 from configurator import configure
-from model import GPT, GPTConfig
 from testing import train_defaults
+from vrl import settings as train_settings
 from vrl.optim import configure_optimizers
 
 torch.set_num_threads(1)
@@ -31,14 +32,21 @@ FRAGMENTS = {'paper_recipe.py'}
 # (n_layer, n_embd) -> the paper's parameter count for that shape;
 # the "1.6B" shape is inferred and has 1.67B (resformer_1b6.py)
 PAPER_SIZES = {(8, 512): 82e6, (12, 768): 180e6, (24, 1024): 468e6, (24, 2048): 1.67e9}
+# the same on GPT-2's blocks (backbone='gpt2'): the official GPT-2 78M (ICLR Fig. 15c)
+GPT2_PAPER_SIZES = {(8, 512): 78e6}
 # sequence length -> sequences per step, about 2M tokens at every length (the paper's Table 3, ICLR A.5)
 PAPER_BATCH = {512: 4096, 2048: 1024, 8192: 256, 32_000: 64, 64_000: 32}
 # config -> its steps when not the recipe's 10,000: the 1.6B model's second-hand 200B tokens
 LONGER_RUNS = {'resformer_1b6.py': 100_000}
-# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass to fit in 80 GB, as the config
-# headers' estimates have it (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the explicit-attention
-# ablation needs half
-MICRO_BATCH_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
+# (n_layer, n_embd) -> the most tokens one GPU may take per forward pass (batch_size x block_size) to fit in
+# 80 GB, as the config headers' estimates have it (x 2048 tokens: 82M 32, 180M 16, 468M 8, 1.6B 4); the
+# explicit-attention ablation needs half
+PASS_TOKENS = {(8, 512): 65_536, (12, 768): 32_768, (24, 1024): 16_384, (24, 2048): 8_192}
+# SlimPajama's validation domains, which share eval_iters (vrl.data.validation_sets)
+DOMAINS = 7
+# settings train.py no longer has, by what replaced them
+REMOVED = {'micro_batch_size': 'batch_size and gradient_accumulation_steps', 'residual_source': 'residual_from',
+           'optimizer': 'muon=True', 'tie_embeddings': 'nothing'}
 
 
 def header_runs(path):
@@ -86,12 +94,31 @@ RUNS += [(path, 1, [f'config/{path.name}'])
 
 
 def settings_of(args):
-    return configure(train_defaults(), [str(REPO / args[0]), *args[1:]], verbose=False)
+    """train.py's settings for these arguments, as its configure call makes them (AblationConfig's fields
+    included); a removed setting in them fails the test naming it."""
+    try:
+        return configure(train_defaults(), [str(REPO / args[0]), *args[1:]], verbose=False,
+                         fields_of=AblationConfig, except_fields=('vocab_size',), types={'compile': bool})
+    except SystemExit as error:
+        removed = [key for key in REMOVED if f'--{key}=' in ' '.join(args) or f"'{key}'" in str(error)]
+        if not removed:
+            raise
+        stale = error
+    pytest.fail(f"{args[0]} (or its header's command) sets {', '.join(removed)}, which train.py no longer has "
+                f"(now {', '.join(REMOVED[key] for key in removed)}): {stale}", pytrace=False)
 
 
 def model_config(settings, **overrides):
-    model_args = {f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}
-    return GPTConfig(**(model_args | overrides))
+    model_args = {f.name: settings[f.name] for f in fields(AblationConfig) if f.name in settings}
+    return AblationConfig(**(model_args | overrides))
+
+
+def test_headers_use_only_settings_train_py_has():
+    """No config's header runs train.py with a removed setting (micro_batch_size, residual_source,
+    optimizer, tie_embeddings): the failure names every config that still does."""
+    stale = sorted({f'{path.name} (--{key}=)' for path, _, args in RUNS for key in REMOVED
+                    for arg in args if arg.startswith(f'--{key}=')})
+    assert not stale, f"config headers that run train.py with a removed setting: {', '.join(stale)}"
 
 
 @pytest.mark.parametrize('path', [p for p in CONFIGS if p.name not in FRAGMENTS], ids=lambda p: p.name)
@@ -129,30 +156,47 @@ def test_run_builds_the_paper_model(path, ranks, args):
     count (within 3% for the Transformer of that shape, 6% for a variant that drops projections: SVFormer's
     23 W_V are 5.2% of 468M), and a full-scale run keeps the paper's recipe: one of its sequence lengths with
     its batch (2,097,152 tokens a step at 2048) on any number of ranks, 10,000 steps, warmup 120 (or 1,200,
-    the SVFormer warmup study's)."""
+    the SVFormer warmup study's), and the recipe's validation sample (8 passes of 32 windows a domain at
+    2048 tokens: 256 windows, about 0.5M tokens a domain at every length) whatever batch_size fits a GPU."""
     settings = settings_of(args)
     assert settings['max_iters'] == settings['lr_decay_iters']
     with torch.device('meta'):
-        model = GPT(model_config(settings, vocab_size=50304))
+        model = build_model(model_config(settings, vocab_size=50304))
     L, d, ffn = model.config.n_layer, model.config.n_embd, model.config.ffn_hidden
-    if (L, d) in PAPER_SIZES:
-        # embedding, head, blocks, norms
-        vanilla = 2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d
-        assert abs(vanilla / PAPER_SIZES[L, d] - 1) < 0.03, vanilla
-        assert abs(model.num_params() / PAPER_SIZES[L, d] - 1) < 0.06, model.num_params()
+    gpt2 = model.config.backbone == 'gpt2'
+    sizes = GPT2_PAPER_SIZES if gpt2 else PAPER_SIZES
+    if (L, d) in sizes:
+        # embedding, head, blocks, norms; GPT-2's: a GELU MLP of two matrices, biases, LayerNorm's biases,
+        # learned positions
+        vanilla = (2 * 50304 * d + L * (4 * d * d + 2 * d * ffn) + L * (5 * d + ffn) + (2 * L + 1) * 2 * d
+                   + model.config.block_size * d) if gpt2 else \
+            2 * 50304 * d + L * (4 * d * d + 3 * d * ffn) + (2 * L + 1) * d
+        assert abs(vanilla / sizes[L, d] - 1) < 0.03, vanilla
+        assert abs(model.num_params() / sizes[L, d] - 1) < 0.06, model.num_params()
+        if model.config.variant == 'vanilla':
+            assert model.num_params() == vanilla
     if settings['dataset'].startswith('slimpajama'):
         sequences = settings['gradient_accumulation_steps'] * settings['batch_size']
         assert sequences == PAPER_BATCH.get(settings['block_size']), (settings['block_size'], sequences)
         assert settings['gradient_accumulation_steps'] % ranks == 0  # train.py refuses it otherwise
+        train_settings.check(settings, ranks)  # train.py's own check of every setting, on its ranks
         assert settings['max_iters'] in (10_000, LONGER_RUNS.get(path.name)), settings['max_iters']
         assert settings['warmup_iters'] in (120, 1200), settings['warmup_iters']
         share = settings['gradient_accumulation_steps'] * settings['batch_size'] // ranks  # sequences per GPU
-        micro = settings['micro_batch_size'] or settings['batch_size']
-        limit = MICRO_BATCH_TOKENS.get((L, d), MICRO_BATCH_TOKENS[8, 512])  # smaller: what the 82M model fits
+        per_pass = settings['batch_size']  # sequences a GPU takes in one forward pass
+        limit = PASS_TOKENS.get((L, d), PASS_TOKENS[8, 512])  # smaller: what the 82M model fits
         limit //= 2 if settings['residual_type'] == 'attention' else 1
-        assert micro <= share and micro * settings['block_size'] <= limit, (micro, settings['block_size'])
-        lowered = settings_of([*args, f'--micro_batch_size={max(micro // 4, 1)}'])  # to fit a smaller GPU
+        assert per_pass <= share and per_pass * settings['block_size'] <= limit, (per_pass, settings['block_size'])
+        windows = -(-settings['eval_iters'] // DOMAINS) * settings['batch_size']  # a domain's sample
+        assert windows == PAPER_BATCH[settings['block_size']] // 4, (
+            f"{path.name}: eval_iters={settings['eval_iters']} at batch_size={settings['batch_size']} scores "
+            f"{windows} windows a domain, not the recipe's {PAPER_BATCH[settings['block_size']] // 4}")
+        # to fit a smaller GPU: a quarter of the sequences a pass, four times the passes, the same step
+        smaller = max(per_pass // 4, 1)
+        lowered = settings_of([*args, f'--batch_size={smaller}',
+                               f"--gradient_accumulation_steps={sequences // smaller}"])
         assert lowered['gradient_accumulation_steps'] * lowered['batch_size'] == sequences
+        train_settings.check(lowered, ranks)
 
 
 @pytest.mark.parametrize('path, ranks, args', RUNS, ids=[run_id(p, a) for p, _, a in RUNS])
@@ -163,9 +207,9 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
     learned); parameters the run names in lr_scales take their multiple of the rate."""
     settings = settings_of(args)
     torch.manual_seed(0)
-    model = GPT(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16,
-                             vocab_size=64))
-    muon = (settings['muon_lr'], settings['muon_adjust_lr']) if settings['optimizer'] == 'muon' else None
+    model = build_model(model_config(settings, n_embd=4 * settings['n_head'], ffn_hidden=None, block_size=16,
+                                     vocab_size=64))
+    muon = (settings['muon_lr'], settings['muon_adjust_lr']) if settings['muon'] else None
     optimizer = configure_optimizers(model, settings['weight_decay'], settings['learning_rate'],
                                            (settings['beta1'], settings['beta2']), 'cpu',
                                            settings['lr_scales'], muon=muon)
@@ -177,7 +221,7 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
         assert scaled[id(model.get_parameter(name))] == multiplier
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
-    _, loss = model(idx, targets=idx.roll(-1, dims=1))
+    loss = model(idx, targets=idx.roll(-1, dims=1))
     loss.backward()
     assert math.isfinite(loss.item()) and abs(loss.item() - math.log(64)) < 1.0
     for name, p in model.named_parameters():
@@ -187,28 +231,32 @@ def test_run_trains_one_step_at_toy_size(path, ranks, args):
         assert not torch.equal(p, before[name]), f'{name} did not move'
 
 
-def test_a_smaller_micro_batch_takes_the_same_step(tmp_path):
-    """Two steps of a tiny model on 8 sequences per step, in micro-batches of 4 and of 1: the same training
-    losses and the same validation loss after the updates (up to float rounding); the run says which
-    micro-batch it took."""
+def test_a_smaller_batch_size_takes_the_same_step(tmp_path):
+    """Two steps of a tiny model on 8 sequences per step, in 2 passes of 4 and in 8 passes of 1
+    (gradient_accumulation_steps x batch_size, nanoGPT's meaning): the same training losses and the same
+    validation loss after the updates (up to float rounding); the run says how it splits the step. The
+    removed micro_batch_size, and a batch_size of 0, are refused in one line."""
     (tmp_path / 'tiny.txt').write_text(''.join(f'line {i}: to be or not to be\n' for i in range(300)))
     subprocess.run([sys.executable, REPO / 'prepare.py', '--input=tiny.txt', '--out_dir=data/tiny_char'],
                    cwd=tmp_path, check=True, capture_output=True)
     losses = {}
-    for micro in (4, 1):
+    for batch_size in (4, 1):
+        passes = 8 // batch_size
         result = subprocess.run([sys.executable, REPO / 'train.py', '--dataset=tiny_char', '--n_layer=2',
-                                 '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=4',
-                                 '--gradient_accumulation_steps=2', f'--micro_batch_size={micro}',
-                                 '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
+                                 '--n_head=2', '--n_embd=16', '--block_size=8', f'--batch_size={batch_size}',
+                                 f'--gradient_accumulation_steps={passes}', f'--eval_iters={8 // batch_size}',
+                                 '--max_iters=2', '--eval_interval=2', '--log_interval=1',
                                  '--warmup_iters=0', '--lr_decay_iters=2', '--device=cpu', '--compile=False',
-                                 f'--out_dir=out{micro}'], cwd=tmp_path, capture_output=True, text=True)
+                                 f'--out_dir=out{batch_size}'], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
-        assert (f'64 tokens per step = 8 sequences x 8 tokens, 8 per rank in micro-batches of up to {micro};'
-                in result.stdout)
-        log = [json.loads(line) for line in (tmp_path / f'out{micro}' / 'log.jsonl').read_text().splitlines()]
-        losses[micro] = [record.get('train_loss', record.get('val_loss')) for record in log]
+        assert (f'64 tokens per step = {passes} passes of {batch_size} sequences x 8 tokens;'
+                in result.stdout), result.stdout
+        log = [json.loads(line) for line in (tmp_path / f'out{batch_size}' / 'log.jsonl').read_text().splitlines()]
+        losses[batch_size] = [record.get('train_loss', record.get('val_loss')) for record in log]
     assert len(losses[4]) == 4 and losses[1] == pytest.approx(losses[4], rel=1e-5)
-    result = subprocess.run([sys.executable, REPO / 'train.py', '--micro_batch_size=0'], cwd=tmp_path,
-                            capture_output=True, text=True)
-    assert (result.returncode == 1
-            and result.stderr == 'train.py: micro_batch_size=0; use 1 or more sequences\n')
+    for arg, line in (('--batch_size=0', 'train.py: batch_size=0; use 1 or more sequences a pass'),
+                      ('--micro_batch_size=4',
+                       "config error: unknown config key 'micro_batch_size' (did you mean 'batch_size'?)")):
+        result = subprocess.run([sys.executable, REPO / 'train.py', arg], cwd=tmp_path,
+                                capture_output=True, text=True)
+        assert result.returncode == 1 and result.stderr == line + '\n', (arg, result.stderr)

@@ -9,7 +9,8 @@ from dataclasses import fields
 
 import pytest
 
-from configurator import configure
+from ablations import AblationConfig
+from configurator import configure, field_docs
 from model import GPTConfig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
@@ -295,11 +296,30 @@ def test_help_of_the_real_scripts_lists_every_setting(script):
                                   and isinstance(node.targets[0], ast.Name)
                                   and f"\n  --{node.targets[0].id}=" in result.stdout))  # in source order
     assert len(settings) >= 6
-    if script == 'train.py':  # then GPTConfig's other fields (but vocab_size, which the data sets)
-        settings += [f.name for f in fields(GPTConfig) if f.name not in settings and f.name != 'vocab_size']
+    if script == 'train.py':  # then AblationConfig's other fields, GPTConfig's included (but vocab_size,
+        settings += [f.name for f in fields(AblationConfig)  # which the data sets)
+                     if f.name not in settings and f.name != 'vocab_size']
     lines = result.stdout.splitlines()
     assert [line.split('=')[0].strip() for line in lines if line.startswith('  --')] == \
         [f'--{s}' for s in settings]
+    if script == 'train.py':
+        from testing import train_defaults  # train.py's literal settings and GPTConfig's fields
+        assert set(settings) == set(train_defaults()) | {f.name for f in fields(AblationConfig)} - {'vocab_size'}
+        # every model field train.py does not comment itself shows its docstring, GPTConfig's and
+        # AblationConfig's alike
+        docs = field_docs(AblationConfig)
+        shown = {line.split('=')[0].strip()[2:]: line for line in lines if line.startswith('  --')}
+        for name in ('n_kv_head', 'rope_theta', 'lambda_mode', 'residual_from', 'anchors', 'value_bank'):
+            assert shown[name].endswith(f'  {docs[name]}'), (name, shown[name])
+
+
+def test_field_docs_walk_the_dataclass_bases():
+    """A subclass's field_docs hold its base's fields' docstrings as well as its own, each on one line."""
+    docs = field_docs(AblationConfig)
+    assert set(docs) == {f.name for f in fields(AblationConfig)}
+    assert {name: docs[name] for name in field_docs(GPTConfig)} == field_docs(GPTConfig)
+    assert docs['n_layer'].startswith('Transformer blocks') and docs['h0_residual'].startswith('False: block 1')
+    assert all('\n' not in doc and '  ' not in doc for doc in docs.values())
 
 
 def test_a_config_file_that_is_a_pipe_is_refused_in_one_line_instead_of_waiting(tmp_path):

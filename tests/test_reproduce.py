@@ -1,6 +1,7 @@
 """reproduce.py without training: its statistics and reports on synthetic runs,
 and the runner's skip/resume logic."""
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -14,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import reproduce
+from lab import relative_loss, reproduce
+from ablations import AblationConfig, build_model
 from configurator import configure
-from model import GPT, GPTConfig
 from lab.reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
+from testing import train_defaults
+from vrl.settings import check as settings_check
 
 
 REAL_PROBE = reproduce.probe  # before the fixture below replaces it in every test
@@ -185,16 +188,101 @@ def test_run_names_identify_settings():
     # muon_lr: 5 rates at 2 depths for the Transformer, and for Identity ResFormer but at the rate its
     # optimizer group trains (one a depth); optimizer: with Muon, 3 new at 4 layers and 1 at 8 (each
     # depth's Transformer is muon_lr's), at the depths swept so far, and 3 more seeds of its 4 groups at 8
-    # layers (EXTRA_SEEDS)
+    # layers (EXTRA_SEEDS). The suites of the paper's figures: share_kv 2 new (share_k, share_v; its
+    # Transformer, CLA and SVFormer are other suites'); residual_type 4 (query, key, attention, hidden);
+    # lambdas 5 (λ=2 is Constant ResFormer); neutreno 4 (3 λ, λ=0.4 being the variant, and
+    # NeuTRENO-ResFormer); svformer 8 (SVFormer at 3 other rates, both at 10x the warmup, SVFormer at 3
+    # other sizes); lengths 7 (3 variants at 64 and at 256 tokens, Identity at 512); mapping 2 (first,
+    # cross; identity is controls'); shared_qk 2; backbone 2 (GPT-2's blocks); anchors 3; source 6 (adjacent,
+    # previous, second, dense, and without H0 the Transformer and second); placement 6 (Sparse L8 is depth's)
     muon = sum({4: 3, 8: 1}[depth] for scale, depth in reproduce.MUON_LR if scale == 'cpu')
+    figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 6
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
-                                           + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3)
+                                           + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3)
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
     kv_vanilla = reproduce.suite_runs('kv', 'cpu', [1337])[0][1]
     assert (kv_vanilla == reproduce.suite_runs('variants', 'cpu', [1337])[0][1]
             == 'cpu_variant=vanilla_seed=1337')
+
+
+def model_config(settings, vocab_size):
+    """The AblationConfig train.py builds from these settings."""
+    fields = {f.name for f in dataclasses.fields(AblationConfig)}
+    return AblationConfig(**{k: v for k, v in settings.items() if k in fields}, vocab_size=vocab_size)
+
+
+def test_muon_runs_are_named_muon_true_and_every_committed_summary_by_its_settings():
+    """optimizer='muon' is muon=True: the Muon suites' runs are named by it, every committed summary's file
+    is the name of the settings it holds (the 82 renamed ones included), and none still says optimizer."""
+    assert reproduce.run_name('cpu', dict(variant='vanilla', muon=True, muon_lr=0.02, seed=1337)) == \
+        'cpu_variant=vanilla_muon=True_muon_lr=0.02_seed=1337'
+    muon_runs = [(name, settings) for scale in ('cpu', 'bpe') for suite in ('muon_lr', 'optimizer')
+                 for _, name, settings in reproduce.suite_runs(suite, scale, [1337]) if settings.get('muon')]
+    assert muon_runs and all('_muon=True_' in name and 'optimizer' not in name for name, _ in muon_runs)
+    summaries = sorted((REPO / 'results' / 'runs').glob('*.json'))
+    assert len(summaries) >= 82
+    for path in summaries:
+        settings = json.loads(path.read_text())['settings']
+        assert 'optimizer' not in settings and reproduce.run_name(path.stem.split('_')[0], settings) == path.stem
+    # the Muon suites' committed runs are found under their names
+    assert all((REPO / 'results' / 'runs' / f'{name}.json').exists() for name, _ in muon_runs)
+
+
+def test_name_parts_of_lambda_tables_anchors_and_lr_scales():
+    assert reproduce.name_part([[0.0, 1.0], [0.8, 1.0], [5, 1]]) == '0,1+0.8,1+5,1'
+    assert reproduce.name_part([5, 8]) == '5+8' and reproduce.name_part([8]) == '8'
+    assert reproduce.name_part([['blocks.0.attn.c_v.weight', 2.0]]) == 'blocks.0.attn.c_v.weight@2'
+    assert reproduce.name_part(0.002) == '0.002' and reproduce.name_part(True) == 'True'
+    lambdas = [name for _, name, _ in reproduce.suite_runs('lambdas', 'cpu', [1337])]
+    assert 'cpu_variant=custom_lambdas=0,1+0.8,1+0.8,1+0.8,1_value_residual=True_seed=1337' in lambdas
+    assert 'cpu_variant=resformer_constant_seed=1337' in lambdas  # λ=2: the named variant's run
+    anchors = [name for _, name, _ in reproduce.suite_runs('anchors', 'cpu', [1337])]
+    assert [name.split('_')[2] for name in anchors[2:]] == ['anchors=8', 'anchors=5+8', 'anchors=4+6+8']
+
+
+NEW_SUITES = ('share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping',
+              'shared_qk', 'backbone', 'anchors', 'source', 'placement')
+
+
+@pytest.mark.parametrize('scale', list(reproduce.SCALES))
+def test_every_group_of_every_suite_is_a_valid_train_py_run(scale, monkeypatch):
+    """Each group's command line parses as train.py's settings (AblationConfig's fields included), passes
+    train.py's checks and makes a valid AblationConfig; the new suites' also build their models (on the
+    meta device): a suite never starts a run that train.py refuses. The suites of the paper's figures are
+    all there."""
+    assert set(NEW_SUITES) <= set(reproduce.SUITES)
+    import configurator  # its --help text, read from the sources each call, once here
+    monkeypatch.setattr(configurator, 'field_docs', functools.cache(configurator.field_docs))
+    defaults, seen = train_defaults(), set()
+    for suite in reproduce.SUITES:
+        groups = reproduce.suite_groups(suite, scale)
+        # (Muon trains only where the muon_lr sweep has found its rate)
+        assert groups or suite == 'optimizer' and not any(s == scale for s, _ in reproduce.MUON_LR), suite
+        assert len({label for label, _, _ in groups}) == len(groups), suite
+        labels = {label for label, _, _ in groups}
+        for label, settings, baseline in groups:
+            assert baseline in labels, (suite, label)
+            command = reproduce.train_command(reproduce.SCALES[scale] | settings | {'seed': 1337}, 'out', False)
+            if tuple(command) in seen:  # a run another suite shares
+                continue
+            seen.add(tuple(command))
+            parsed = configure(defaults, command[2:], verbose=False, fields_of=AblationConfig,
+                               except_fields=('vocab_size',), types={'compile': bool})
+            settings_check(parsed, 1)
+            config = model_config(parsed, reproduce.PADDED_VOCAB[scale])
+            if suite in NEW_SUITES:
+                with torch.device('meta'):
+                    assert build_model(config).num_params() > 0, (suite, label)
+
+
+def test_the_new_suites_dry_run_lists_their_runs(tmp_path, capsys):
+    for suite in NEW_SUITES:
+        reproduce.main([suite, '--dry_run', '--seeds=1', f'--results_dir={tmp_path}'])
+        lines = capsys.readouterr().out.splitlines()
+        runs = reproduce.suite_runs(suite, 'cpu', [1337])
+        assert lines == [f"{'todo':10s} {suite}: {label}  ({name})" for label, name, _ in runs]
 
 
 def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_costs_parameters():
@@ -207,12 +295,10 @@ def test_value_bank_suite_reuses_runs_and_widens_the_transformer_where_the_bank_
     new = [name for _, name, _ in reproduce.suite_runs('value_bank', 'cpu', [1337]) if name not in others]
     assert len(new) == 4 and all('value_bank=True' in name for name in new)
     groups = {label: settings for label, settings, _ in reproduce.suite_groups('value_bank', 'bpe')}
-    model_args = {f.name for f in dataclasses.fields(GPTConfig)}
 
     def params(label):
-        settings = reproduce.SCALES['bpe'] | groups[label]
         with torch.device('meta'):
-            model = GPT(GPTConfig(**{k: v for k, v in settings.items() if k in model_args}, vocab_size=50304))
+            model = build_model(model_config(reproduce.SCALES['bpe'] | groups[label], 50304))
         return model.num_params()
     for depth in (4, 8):
         [wide] = [label for label in groups
@@ -442,6 +528,18 @@ def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkey
     assert {'--variant=resformer_identity', '--value_mapping=identity', '--residual_type=value',
             f"--n_layer={reproduce.PROBE['n_layer']}", f"--learning_rate={reproduce.PROBE['learning_rate']!r}"
             } <= set(commands[0])
+    # every PROBED setting reaches it; a λ table or anchors keep the run's depth (a row or layer each), and
+    # fewer key/value heads stay fewer
+    run = dict(variant='svformer', anchors=[5, 8], residual_from='second', lambdas=[[0.0, 1.0]] * 8,
+               lambda_mode='learnable', neutreno_lambda=0.2, backbone='gpt2', muon=True, value_rescale=True,
+               h0_residual=False, n_layer=8, n_head=4, n_kv_head=2, n_embd=256)
+    assert set(run) - {'n_layer', 'n_head', 'n_kv_head', 'n_embd'} <= set(reproduce.PROBED)
+    with pytest.raises(SystemExit):
+        REAL_PROBE(run)
+    assert {'--variant=svformer', '--anchors=[5, 8]', '--residual_from=second',
+            f"--lambdas={[[0.0, 1.0]] * 8!r}", '--lambda_mode=learnable', '--neutreno_lambda=0.2',
+            '--backbone=gpt2', '--muon=True', '--value_rescale=True', '--h0_residual=False', '--n_layer=8',
+            '--n_kv_head=1', f"--n_embd={reproduce.PROBE['n_embd']}"} <= set(commands[1])
 
 
 def test_optimizer_rows_pair_each_gain_with_its_own_optimizers_transformer():
@@ -479,3 +577,142 @@ def test_muon_lr_rows_compare_at_the_transformers_rate_and_at_each_ones_own():
     cells = identity_row()
     assert cells[2:4] == ['0.01 (1.4000)', '0.02 (1.5000)'] and cells[4] == '+0.0500'
     assert cells[5] == '-0.0800 ± 0.0529 (-2.6, 3 seeds)'  # differences -0.10, -0.02, -0.12
+
+
+# -----------------------------------------------------------------------------
+# the paper's relative training loss (lab/relative_loss.py) and the reports' use of it
+
+def interval_means(losses, every=10):
+    """train.py's train_curve from per-step losses {step: loss}, steps 1..N: the mean over each interval,
+    at its last step."""
+    return [[s, sum(losses[t] for t in range(s - every + 1, s + 1)) / every]
+            for s in range(every, max(losses) + 1, every)]
+
+
+def test_smoothing_interval_means_is_the_moving_average_of_the_steps():
+    """A 100-step moving average of 10-step interval means equals the 100-step average of the per-step
+    losses, at each window's last step; records 100 steps apart or more are the curve itself."""
+    generator = torch.Generator().manual_seed(0)
+    losses = dict(enumerate((4 - torch.arange(600) / 300 + torch.rand(600, generator=generator)).tolist(),
+                            start=1))
+    smoothed = relative_loss.smooth(interval_means(losses))
+    assert [s for s, _ in smoothed] == list(range(100, 601, 10))
+    for step, mean in smoothed:
+        assert mean == pytest.approx(sum(losses[t] for t in range(step - 99, step + 1)) / 100, rel=1e-12)
+    sparse = [[100, 3.0], [200, 2.5], [300, 2.0]]
+    assert relative_loss.smooth(sparse) == sparse and relative_loss.smooth(sparse, window=200) == \
+        [[200, 2.75], [300, 2.25]]
+
+
+def test_relative_loss_and_where_the_baseline_overtakes():
+    """relative: the smoothed method minus the smoothed baseline at the steps both have (smoothing is
+    linear, so a method c(s) above the baseline gives c's moving average). crossing: the first step a curve
+    that was below zero reaches it (interpolated); extrapolated_crossing: where a line through the last
+    tenth would; growth: the exponential trend of critical points against length."""
+    base = [[s, 4 - s / 1000] for s in range(10, 601, 10)]
+    method = [[s, loss + (s - 400) / 1000] for s, loss in base]
+    rel = relative_loss.relative(method, base)
+    assert [s for s, _ in rel] == list(range(100, 601, 10))
+    assert all(r == pytest.approx((s - 45 - 400) / 1000, abs=1e-12) for s, r in rel)  # c(s - 45)
+    assert relative_loss.relative(method, base[:30]) == rel[:21]  # the steps both have
+    assert relative_loss.crossing(rel) == pytest.approx(445)
+    assert relative_loss.crossing([[0, 0.1], [10, 0.2]]) is None  # never below
+    assert relative_loss.crossing([[0, -0.2], [10, -0.1]]) is None  # never reaches zero
+    assert relative_loss.crossing([[0, -0.2], [10, 0.2], [20, -0.1], [30, 0.1]]) == pytest.approx(5)
+    ahead = [[s, (s - 1000) / 1000] for s in range(100, 601, 10)]
+    assert relative_loss.crossing(ahead) is None
+    assert relative_loss.extrapolated_crossing(ahead) == pytest.approx(1000)
+    assert relative_loss.extrapolated_crossing([[s, -0.1 - s / 1000] for s in range(100, 601, 10)]) is None
+    assert relative_loss.extrapolated_crossing(rel) is None  # above zero at the end already
+    points = [(n, math.exp(1.5 + 0.002 * n)) for n in (128, 256, 512, 1024)]
+    a, b = relative_loss.growth(points)
+    assert (a, b) == (pytest.approx(1.5), pytest.approx(0.002))
+
+
+def run_summary(seed, curve):
+    return {'train_curve': curve, 'final_val_loss': curve[-1][1], 'seed': seed}
+
+
+def test_relative_series_and_rows_of_synthetic_runs():
+    """Each group against the same-seed Transformer, mean ± std over the seeds whose two runs both have a
+    training curve: Identity is (s - 445) / 1000 above at step s on seed 1 and 0.02 more on seed 2 (its mean
+    crosses zero at 435); SVFormer stays ahead, rising towards zero at step 1,045."""
+    steps = range(10, 601, 10)
+    base = [[s, 4 - s / 1000] for s in steps]
+
+    def shifted(offset):
+        return [[s, loss + offset(s)] for s, loss in base]
+
+    def group(runs, baseline='vanilla'):
+        return {'runs': [run_summary(seed, curve) if curve else {'final_val_loss': 2.0} for seed, curve in runs],
+                'seeds': [seed for seed, _ in runs], 'baseline': baseline}
+    groups = {'vanilla': group([(1, base), (2, base), (3, base)]),
+              'resformer_identity': group([(1, shifted(lambda s: (s - 400) / 1000)),
+                                           (2, shifted(lambda s: (s - 400) / 1000 + 0.02)),
+                                           (3, None)]),  # a run trained before train curves: left out
+              'svformer': group([(1, shifted(lambda s: (s - 1000) / 1000))]),
+              'no curves': group([(1, None)])}
+    series = reproduce.relative_series(groups)
+    assert list(series) == ['resformer_identity', 'svformer']
+    step, mean, std = series['resformer_identity'][-1]
+    assert (step, mean, std) == (600, pytest.approx(0.165), pytest.approx(0.02 / math.sqrt(2)))
+    rows = reproduce.relative_rows(groups)
+    assert '| group | seeds | relative training loss (mean ± std) | Transformer overtakes at step |' in rows
+    assert '| resformer_identity | 2 | +0.1650 ± 0.0141 at 600 | 435 |' in rows  # the seeds in the mean
+    assert '| svformer | 1 | -0.4450 ± 0.0000 at 600 | never (about 1,045) |' in rows
+    assert reproduce.relative_rows({'vanilla': groups['vanilla'], 'no curves': groups['no curves']}) == []
+
+
+def test_relative_loss_cli(tmp_path, capsys):
+    """Run folders (log.jsonl) and summaries alike; a folder without a log, a summary without a training
+    curve and a bad window are one line each."""
+    base = tmp_path / 'vanilla'
+    base.mkdir()
+    steps = range(10, 601, 10)
+    records = [{'step': s, 'train_loss': 4 - s / 1000} for s in steps] + [{'step': 600, 'val_loss': 3.0}]
+    (base / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    method = tmp_path / 'method.json'
+    method.write_text(json.dumps({'train_curve': [[s, 4 - s / 1000 + (s - 400) / 1000] for s in steps]}))
+    relative_loss.main([str(base), str(method)])
+    out = capsys.readouterr().out
+    assert f"{method}: +0.1550 at step 600; the baseline overtakes it at step 445" in out
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'old.json').write_text(json.dumps({'final_val_loss': 2.0, 'curve': [[600, 2.0]]}))
+    for args, line in (
+            ([str(tmp_path / 'empty'), str(method)],
+             f"relative_loss.py: cannot read {tmp_path / 'empty' / 'log.jsonl'} (FileNotFoundError); point to a "
+             "run folder train.py wrote"),
+            ([str(base), str(tmp_path / 'old.json')],
+             f"relative_loss.py: {tmp_path / 'old.json'} has no training curve (runs trained before train.py "
+             "logged the mean loss of each interval have none); retrain it"),
+            ([str(base), str(method), '--window=0'], "relative_loss.py: --window=0; use 1 or more steps")):
+        with pytest.raises(SystemExit) as stop:
+            relative_loss.main(args)
+        assert stop.value.code == line
+
+
+def test_reproduce_mistakes_are_one_line(tmp_path, capsys):
+    """--gpus below 0 and an --only that matches no group stop at once, in one line; a summary cut short
+    is left out of a --report_only report with one line that says so."""
+    for args, line in (
+            (['kv', '--gpus=-1'], "reproduce.py: --gpus=-1; use 0 or more (0 or 1: --jobs runs at a time)"),
+            (['kv', '--only=nothing*'],
+             "reproduce.py: --only='nothing*' matches no group of kv (its groups: 'vanilla T=128', "
+             "'svformer T=128', 'gqa T=128', 'svformer+gqa T=128', 'cla T=128', 'vanilla T=512', "
+             "'svformer T=512', 'gqa T=512', ...); --dry_run lists them all")):
+        with pytest.raises(SystemExit) as stop:
+            reproduce.main([*args, f'--results_dir={tmp_path}', '--report_only'])
+        assert stop.value.code == line
+    reproduce.main(['all', '--only=svformer*', f'--results_dir={tmp_path}', '--dry_run', '--seeds=1'])
+    assert capsys.readouterr().out  # a pattern some suite's groups match
+    runs = reproduce.suite_runs('kv', 'cpu', [1337])
+    (tmp_path / 'runs').mkdir()
+    good = summary(runs[0][2], 2.0, [[600, 2.0]], 10 ** 6)
+    (tmp_path / 'runs' / f'{runs[0][1]}.json').write_text(json.dumps(good))
+    (tmp_path / 'runs' / f'{runs[1][1]}.json').write_text(json.dumps(good)[:40])  # cut short
+    reproduce.main(['kv', f'--results_dir={tmp_path}', '--report_only', '--seeds=1'])
+    out, err = capsys.readouterr()
+    assert f"wrote {tmp_path / 'kv' / 'README.md'}" in out
+    assert err == (f"reproduce.py: {tmp_path / 'runs' / runs[1][1]}.json unreadable (cut short, or not a run "
+                   "summary), left out of the tables; `python lab/reproduce.py kv` retrains them\n")
+    assert '1 of 10 runs are in the tables' in (tmp_path / 'kv' / 'README.md').read_text()

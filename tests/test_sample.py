@@ -1,6 +1,8 @@
 """sample.py on tiny checkpoints trained here in seconds: in this process (fast),
 and once through the real CLI."""
 import contextlib
+import functools
+import io
 import os
 import re
 import subprocess
@@ -47,7 +49,7 @@ def train_tiny_checkpoint(path, variant, data_dir='data/tiny_char', steps=150, t
             starts = torch.randint(len(data) - T - 1, (16,))
             x = torch.stack([data[s:s + T] for s in starts])
             y = torch.stack([data[s + 1:s + T + 1] for s in starts])
-            _, loss = model(x, y)
+            loss = model(x, y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -185,7 +187,7 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--start=the ', '--seed=99999999999999999999999'],
      ['seed=99999999999999999999999', '2**64 - 1']),
     ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
-    ('nan', ['--start=the '], ['nan/ckpt.pt has NaN or infinite weights']),
+    ('nan', ['--start=the '], ['nan/ckpt.pt holds NaN or inf weights (lm_head.weight)', 'best.pt']),
 ])
 def test_bad_input_exits_with_one_line(runs, run, args, words):
     message = sample_error(runs / run, *args)
@@ -263,3 +265,143 @@ def test_a_checkpoint_without_read_permission_says_so(runs, monkeypatch):
     assert sample_error(runs / 'vanilla', '--start=the ') == (
         f"checkpoint {runs / 'vanilla' / 'ckpt.pt'} is unreadable (permission denied); check its permissions or "
         "point to another checkpoint")
+
+
+# -----------------------------------------------------------------------------
+# Sample: each token decoded once as it arrives, the text the same as the whole sample's decode. The tokens
+# are scripted (the model's generate_tokens replaced), so every case is exact: GPT-2 BPE splits a
+# multi-byte character over tokens, and some tokens even end inside the next character.
+GPT2_META = {'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot_token': 50256}
+EOT = 50256
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2():
+    """GPT-2's BPE, built once (about a second)."""
+    from vrl.tokenizer import load_tokenizer
+    return load_tokenizer(GPT2_META)
+
+
+def byte_token(byte):
+    return gpt2().encoding.encode_single_token(bytes([byte]))
+
+
+@pytest.fixture(scope='module')
+def bpe_run(tmp_path_factory):
+    """A folder with an untrained GPT-2 BPE checkpoint (its tokens are scripted)."""
+    root = tmp_path_factory.mktemp('bpe')
+    config = GPTConfig(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=16, variant='vanilla')
+    torch.manual_seed(0)
+    model = GPT(config)
+    (root / 'bpe').mkdir()
+    torch.save({'model': model.state_dict(), 'model_args': asdict(config), 'iter_num': 0,
+                'config': {'dataset': 'shakespeare_gpt2'}, 'data_meta': GPT2_META}, root / 'bpe' / 'ckpt.pt')
+    return root / 'bpe'
+
+
+def scripts():
+    """{name: generated token ids}: a split emoji and split CJK characters; tokens that each end inside the
+    next character (曶橶書: E6 | 9B | B6 E6 | A9 B6 E6 | 9B | B8), a sample that ends inside a character at
+    max_new_tokens or at the end of text, and plain ASCII."""
+    enc = gpt2()
+    chain = [byte_token(0xE6), byte_token(0x9B), 35050, 47490, byte_token(0x9B), byte_token(0xB8)]
+    return {'split': enc.encode(' quick 😀 fox 日本語 dog. 中华人民共和国 ok'),
+            'straddle': enc.encode(' a') + chain + enc.encode(' b') + chain,
+            'cut_at_the_end': enc.encode(' the end 日') + [33768],  # b'\xe6\x97': the first bytes of 日
+            'eot_inside_a_character': enc.encode(' x 語') + [33768, EOT] + enc.encode(' after'),
+            'ascii': enc.encode(' the quick brown fox jumps over the lazy dog.' * 4)}
+
+
+def whole_decode(ids, stop=''):
+    """What the sample's text must be: its tokens decoded at once, up to the end of text, cut before the
+    stop text."""
+    text = gpt2().decode(ids[:ids.index(EOT)] if EOT in ids else ids)
+    return text[:text.index(stop)] if stop and stop in text else text
+
+
+@contextlib.contextmanager
+def scripted(monkeypatch, rows):
+    """sample.py's model yields rows' tokens (a row per sample, all of one length); its tokenizer counts
+    the tokens it decodes (in counted[0])."""
+    import vrl.tokenizer
+    [width] = {len(row) for row in rows}
+
+    def generate_tokens(self, idx, max_new_tokens, *args, **kwargs):
+        assert idx.size(0) == len(rows)
+        for step in range(min(max_new_tokens, width)):
+            yield torch.tensor([[row[step]] for row in rows])
+
+    counted = [0]
+
+    class Counting:
+        eot_token, vocab_size, encode = gpt2().eot_token, gpt2().vocab_size, gpt2().encode
+
+        def decode(self, ids):
+            counted[0] += len(ids)
+            return gpt2().decode(ids)
+
+    def counting(meta):
+        assert meta == GPT2_META
+        return Counting()
+    monkeypatch.setattr(GPT, 'generate_tokens', generate_tokens)
+    monkeypatch.setattr(vrl.tokenizer, 'load_tokenizer', counting)
+    yield counted
+
+
+@pytest.mark.parametrize('stop', ['', '本語', 'fox', '書 b'])
+def test_streamed_and_batched_text_is_the_whole_samples_decode(bpe_run, monkeypatch, stop):
+    """Each scripted sample, streamed alone, prints the prompt and its tokens' whole decode (cut before the
+    stop text): no half character, nothing lost at the end; the same samples drawn as one batch print the
+    same texts."""
+    names, rows = zip(*scripts().items())
+    width = max(map(len, rows))
+    rows = [[220] * (width - len(row)) + row for row in rows]  # spaces first: each ends as it was made to
+    prompt = gpt2().decode(gpt2().encode('Hello'))
+    args = ['--start=Hello', '--use_cache=False', f'--max_new_tokens={width}', f'--stop={stop}']
+    for name, row in zip(names, rows):
+        with scripted(monkeypatch, [row]):
+            stdout, _ = sample(bpe_run, *args)
+        assert samples_of(stdout) == [prompt + whole_decode(row, stop)], name
+    with scripted(monkeypatch, list(rows)):
+        stdout, _ = sample(bpe_run, *args, f'--num_samples={len(rows)}')
+    assert samples_of(stdout) == [prompt + whole_decode(row, stop) for row in rows]
+
+
+def test_the_stream_never_shows_half_a_character_or_the_start_of_the_stop_text(bpe_run, monkeypatch):
+    """What streams as the tokens arrive is final: sample.py's writes, in order, never hold U+FFFD (a
+    character whose bytes are still coming) nor text that the stop text later cuts."""
+    row = scripts()['split']
+    streams = []  # the writes to each StringIO made meanwhile: run_script's stdout is one
+
+    class Recorder(io.StringIO):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.writes = []
+            streams.append(self)
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+    monkeypatch.setattr(io, 'StringIO', Recorder)
+    with scripted(monkeypatch, [row]):
+        stdout, _ = sample(bpe_run, '--start=Hello', '--use_cache=False', '--max_new_tokens=40',
+                           '--stop=中华人民')
+    [writes] = [stream.writes for stream in streams if stream.getvalue() == stdout]
+    streamed = ''.join(writes)
+    assert samples_of(stdout) == ['Hello' + whole_decode(row, '中华人民')]
+    assert '\ufffd' not in streamed and '中' not in streamed
+    assert len([w for w in writes if w]) > 5  # it streamed: not all at the end
+
+
+def test_each_token_is_decoded_once(bpe_run, monkeypatch):
+    """A sample of N tokens costs N token decodes, not the N (N + 1) / 2 of decoding the whole sample at
+    each token; a token waits (and is decoded again) only while it ends inside a character."""
+    row = scripts()['ascii']
+    with scripted(monkeypatch, [row]) as counted:
+        sample(bpe_run, '--start=Hello', '--use_cache=False', f'--max_new_tokens={len(row)}')
+    prompt = len(gpt2().encode('Hello'))
+    assert counted[0] == prompt + len(row)  # the prompt's decode, then each token once
+    row = scripts()['split']
+    with scripted(monkeypatch, [row]) as counted:
+        sample(bpe_run, '--start=Hello', '--use_cache=False', f'--max_new_tokens={len(row)}')
+    assert prompt + len(row) < counted[0] < prompt + 2 * len(row)

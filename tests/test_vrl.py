@@ -1,7 +1,9 @@
 """Tests for vrl's small parts: the lock (one holder, named when refused, freed when its holder is killed),
 the one-line argparse errors, the mean per-domain losses, the reader thread's device, the timed update at
-rate 0, the gradient norms, out-of-memory errors and a rank ended by its peer's failure."""
+rate 0, the gradient norms, out-of-memory errors and a rank ended by its peer's failure; open_dataset's
+checks, settings.check, the whole-checkpoint checksum and old checkpoints' names."""
 
+import ast
 import errno
 import json
 import os
@@ -11,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from vrl import cli, hardware, locks, metrics
+from vrl import cli, data, hardware, locks, metrics, run_folder, settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
@@ -139,19 +141,31 @@ def test_tf32_is_set_so_that_every_precision_getter_still_reads(monkeypatch):
         torch.set_float32_matmul_precision(before)
 
 
+def train_py_statement(name):
+    """train.py's statement that assigns name, as source: a line of the script tested where it runs."""
+    with open(os.path.join(REPO, 'train.py')) as f:
+        source = f.read()
+    return next(ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == name for t in node.targets))
+
+
 def test_the_reader_thread_sets_the_ranks_device_before_any_work(monkeypatch):
     """The thread that reads (and pins) training windows first sets the rank's CUDA device, as PyTorch's
-    DataLoader pin thread does, or every rank would open a context on GPU 0 (mocked: no GPU here)."""
+    DataLoader pin thread does, or every rank would open a context on GPU 0 (mocked: no GPU here). The
+    thread is train.py's own line, run here."""
     import threading
+    from concurrent.futures import ThreadPoolExecutor
     calls = []
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(
         (device, threading.current_thread() is threading.main_thread())))
-    with hardware.reader_thread('cuda:3') as reader:
-        assert reader.submit(lambda: 'read').result() == 'read'
-    assert calls == [('cuda:3', False)]
-    with hardware.reader_thread('cpu') as reader:
-        reader.submit(lambda: None).result()
-    assert calls == [('cuda:3', False)]  # a CPU run's thread touches no CUDA device
+    statement = train_py_statement('reader')
+    for device, device_type in (('cuda:3', 'cuda'), ('cpu', 'cpu')):
+        scope = {'ThreadPoolExecutor': ThreadPoolExecutor, 'torch': torch, 'device': device,
+                 'device_type': device_type}
+        exec(statement, scope)
+        with scope['reader'] as reader:
+            assert reader.submit(lambda: 'read').result() == 'read'
+        assert calls == [('cuda:3', False)]  # a CPU run's thread touches no CUDA device
 
 
 @pytest.mark.parametrize('muon', [False, True])
@@ -169,7 +183,7 @@ def test_a_zero_rate_update_changes_no_weight_and_leaves_no_state(muon):
                                                 muon=(0.02, 'original') if muon else None)
     optimizer, fresh = make(model), make(twin)
     x = torch.randint(64, (2, 16))
-    model(x, x)[1].backward()
+    model(x, x).backward()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optim.zero_rate_step(optimizer)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -178,7 +192,7 @@ def test_a_zero_rate_update_changes_no_weight_and_leaves_no_state(muon):
     assert not optim.has_state(optimizer)
     for m, o in ((model, optimizer), (twin, fresh)):
         o.zero_grad()
-        m(x, x)[1].backward()
+        m(x, x).backward()
         o.step()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
 
@@ -187,23 +201,35 @@ def test_gradient_norms_are_each_parameters():
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16))
     x = torch.randint(64, (2, 16))
-    model(x, x)[1].backward()
+    model(x, x).backward()
     norms = metrics.grad_norms(model)
     assert list(norms) == [n for n, p in model.named_parameters() if p.grad is not None]
     assert all(norms[n] == pytest.approx(p.grad.norm().item(), rel=1e-6) for n, p in model.named_parameters())
 
 
-def test_only_running_out_of_memory_is_reported_as_memory():
-    """A GPU's OutOfMemoryError or the CPU allocator's "can't allocate memory" is one line about memory;
-    any other RuntimeError (an ECC error, a busy device) keeps its own message and traceback."""
-    for error in (torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB'),
+@pytest.mark.parametrize('ddp', [False, True])
+def test_only_running_out_of_memory_is_reported_as_memory(tmp_path, monkeypatch, ddp):
+    """An error in train.py's loop ends the rank through stops.end_rank: a GPU's OutOfMemoryError or the CPU
+    allocator's "can't allocate memory" is one line about memory (under torchrun, in the rank's error
+    file); any other RuntimeError (an ECC error, a busy device) keeps its own message and traceback."""
+    from vrl import stops
+    monkeypatch.setenv('TORCHELASTIC_ERROR_FILE', str(tmp_path / 'error.json'))
+    if not ddp:
+        monkeypatch.delenv('TORCHELASTIC_ERROR_FILE')
+    for error in (torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB\nmore'),
                   RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes")):
-        with pytest.raises(SystemExit, match='^train.py: the model does not fit in cuda:0 memory'):
-            with hardware.memory_error_in_one_line('cuda:0'):
-                raise error
+        with pytest.raises(SystemExit) as stopped:
+            stops.end_rank(error, ddp=ddp)
+        first_line = str(error).splitlines()[0]
+        line = (f"train.py: out of memory ({first_line}); lower batch_size (and raise "
+                "gradient_accumulation_steps) or use a smaller model")
+        if ddp:
+            assert stopped.value.code == 1
+            assert json.loads((tmp_path / 'error.json').read_text())['message']['message'] == line
+        else:
+            assert stopped.value.code == line
     with pytest.raises(RuntimeError, match='uncorrectable ECC error'):
-        with hardware.memory_error_in_one_line('cuda:0'):
-            raise RuntimeError('CUDA error: uncorrectable ECC error encountered')
+        stops.end_rank(RuntimeError('CUDA error: uncorrectable ECC error encountered'), ddp=ddp)
 
 
 @pytest.mark.parametrize('message', [
@@ -215,10 +241,196 @@ def test_a_rank_ended_by_a_peers_failure_says_so_in_one_line(tmp_path, monkeypat
     another rank failed', in the rank's error file for torchrun's summary, stamped after the peer's."""
     from vrl import stops
     monkeypatch.setenv('TORCHELASTIC_ERROR_FILE', str(tmp_path / 'error.json'))
+    monkeypatch.setenv('RANK', '1')  # torchrun's
     with pytest.raises(SystemExit) as stopped:
-        stops.end_rank(RuntimeError(message), ddp=True, rank=1)
+        stops.end_rank(RuntimeError(message), ddp=True)
     assert stopped.value.code == 1
     error = json.loads((tmp_path / 'error.json').read_text())['message']
     assert error['message'] == 'train.py: rank 1 stopped because another rank failed'
     with pytest.raises(RuntimeError, match='an ordinary bug'):  # anything else keeps its traceback
-        stops.end_rank(RuntimeError('an ordinary bug'), ddp=True, rank=1)
+        stops.end_rank(RuntimeError('an ordinary bug'), ddp=True)
+
+
+def tiny_data(folder, vocab=3, **meta):
+    """A char-level folder as prepare.py writes it: meta.json, train.bin (1,000 tokens), val.bin (300)."""
+    import numpy as np
+    folder.mkdir()
+    tokens = {'train.bin': 1000, 'val.bin': 300}
+    for name, count in tokens.items():
+        (np.arange(count) % vocab).astype(np.uint16).tofile(folder / name)
+    meta = {'tokenizer': 'char', 'vocab_size': vocab, 'chars': [chr(97 + i) for i in range(vocab)],
+            'files': tokens, 'max_token': vocab - 1} | meta
+    (folder / 'meta.json').write_text(json.dumps(meta))
+    return str(folder)
+
+
+def open_tiny(folder):
+    return data.open_dataset(folder, block_size=8, seed=1, data_order='random', steps=10, global_batch=4,
+                             eval_iters=2, batch_size=2, every_window=False)
+
+
+def test_open_dataset_reads_a_prepared_folder(tmp_path):
+    dataset = open_tiny(tiny_data(tmp_path / 'tiny'))
+    assert dataset.meta['vocab_size'] == 3 and not dataset.by_domain and dataset.val_full == {}
+    assert [len(shard) for shard in dataset.train] == [1000]
+    assert len(dataset.val['val'][1]) == 2 * 2  # eval_iters x batch_size windows
+    places = dataset.places(5, 4)
+    assert len(places) == 4 and places == dataset.places(5, 4)  # the seed and the step alone
+    assert dataset.prepare_command == f"python prepare.py --input=YOUR_CORPUS --out_dir={tmp_path / 'tiny'}"
+
+
+def test_a_char_meta_json_whose_characters_disagree_with_its_vocabulary_is_refused(tmp_path):
+    folder = tiny_data(tmp_path / 'tiny', chars=['a', 'b'])
+    with pytest.raises(SystemExit) as refused:
+        open_tiny(folder)
+    assert refused.value.code == (f"prepare.py: {os.path.join(folder, 'meta.json')} lists 2 characters for a "
+                                  f"vocabulary of 3 (damaged); run `python prepare.py --input=YOUR_CORPUS "
+                                  f"--out_dir={folder}` again")
+
+
+def test_an_unreadable_bin_file_is_said_in_one_line(tmp_path, monkeypatch):
+    """A .bin without read permission (as root, which reads it anyway: a folder in its place) stops
+    open_dataset with one line; so does any error the memory map meets opening it."""
+    folder = tiny_data(tmp_path / 'tiny')
+    path = os.path.join(folder, 'val.bin')
+    again = f"run `python prepare.py --input=YOUR_CORPUS --out_dir={folder}` again"
+    os.chmod(path, 0)
+    try:
+        with pytest.raises(SystemExit) as refused:
+            if os.access(path, os.R_OK):  # root: permissions do not stop it
+                os.remove(path)
+                os.mkdir(path)
+            open_tiny(folder)
+    finally:
+        if os.path.isfile(path):
+            os.chmod(path, 0o644)
+    if os.path.isdir(path):
+        assert refused.value.code == (f"prepare.py: {path} is not a regular file (a folder, a pipe or a "
+                                      f"device); {again}")
+    else:
+        assert refused.value.code == (f"prepare.py: {path} is unreadable (Permission denied); check its "
+                                      f"permissions, or {again}")
+    folder = tiny_data(tmp_path / 'other')
+    path = os.path.join(folder, 'train.bin')
+
+    def denied(name, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+
+    monkeypatch.setattr(data.np, 'memmap', denied)
+    with pytest.raises(SystemExit) as refused:
+        open_tiny(folder)
+    assert refused.value.code == (f"prepare.py: {path} is unreadable ({os.strerror(errno.EACCES)}); check its "
+                                  f"permissions, or run `python prepare.py --input=YOUR_CORPUS "
+                                  f"--out_dir={folder}` again")
+
+
+def test_an_unreadable_data_folder_is_said_in_one_line(tmp_path, monkeypatch):
+    """A data folder without read permission is said as such, not as a missing meta.json (as root, which
+    reads it anyway, os.access answers as it would for another user)."""
+    folder = tiny_data(tmp_path / 'tiny')
+    os.chmod(folder, 0)
+    try:
+        if os.access(folder, os.R_OK | os.X_OK):  # root
+            real_access = os.access
+            monkeypatch.setattr(os, 'access', lambda path, mode, *args, **kwargs: False
+                                if str(path) == folder else real_access(path, mode, *args, **kwargs))
+        with pytest.raises(SystemExit) as refused:
+            open_tiny(folder)
+    finally:
+        os.chmod(folder, 0o755)
+    assert refused.value.code == (f"train.py: the data folder {folder} is unreadable (permission denied); "
+                                  "check its permissions")
+
+
+def train_settings(**changes):
+    from testing import train_defaults
+    return train_defaults() | changes
+
+
+def test_settings_check_refuses_slurm_tasks_without_torchrun(monkeypatch):
+    monkeypatch.delenv('RANK', raising=False)
+    monkeypatch.setenv('SLURM_NTASKS', '1')
+    settings.check(train_settings(), 1)
+    monkeypatch.setenv('SLURM_NTASKS', '2')
+    with pytest.raises(SystemExit) as refused:
+        settings.check(train_settings(), 1)
+    assert refused.value.code == (
+        "train.py: 2 SLURM tasks but no torchrun: each would train alone; start one task per node with "
+        "`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...` (docs/training.md)")
+    monkeypatch.setenv('RANK', '0')  # torchrun under srun: fine
+    settings.check(train_settings(), 1)
+
+
+def test_settings_check_refuses_passes_that_do_not_split_over_the_ranks(monkeypatch):
+    """gradient_accumulation_steps counts a step's passes over all ranks together (nanoGPT's meaning), so
+    it must be a multiple of the world size."""
+    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    settings.check(train_settings(gradient_accumulation_steps=4), 2)
+    settings.check(train_settings(gradient_accumulation_steps=3), 1)
+    with pytest.raises(SystemExit) as refused:
+        settings.check(train_settings(gradient_accumulation_steps=3), 2)
+    assert refused.value.code == (
+        "train.py: gradient_accumulation_steps=3 passes a step do not split over 2 ranks; use a multiple "
+        "of 2 (nanoGPT's meaning: all ranks together)")
+
+
+def test_the_checksum_covers_every_field_not_only_the_tensors(tmp_path):
+    """One checksum over the whole checkpoint: a flipped byte in a tensor or in any other field (a step, a
+    setting) changes it, and load_checkpoint then refuses the file as damaged in one line; the old
+    per-tensor checksums did not see the other fields."""
+    import copy
+    from model import GPT, GPTConfig
+    from dataclasses import asdict
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16))
+    checkpoint = {'model': model.state_dict(), 'model_args': asdict(model.config), 'iter_num': 100,
+                  'config': {'learning_rate': 2e-3, 'lr_scales': [['lm_head.weight', 0.5]]},
+                  'data_meta': {'tokenizer': 'char', 'vocab_size': 64}}
+    before = run_folder.checksum(checkpoint)
+    assert before == run_folder.checksum(copy.deepcopy(checkpoint))
+    for flip in (lambda c: c.update(iter_num=101), lambda c: c['config'].update(learning_rate=2e-2),
+                 lambda c: c['config']['lr_scales'][0].__setitem__(1, 0.25),
+                 lambda c: c['data_meta'].update(vocab_size=65)):
+        changed = copy.deepcopy(checkpoint)
+        flip(changed)
+        assert run_folder.checksum(changed) != before
+        assert run_folder.tensor_checksums(changed) == run_folder.tensor_checksums(checkpoint)
+    changed = copy.deepcopy(checkpoint)
+    weight = changed['model']['lm_head.weight']
+    weight.view(-1).view(torch.int32)[7] ^= 1  # one bit of one weight
+    assert run_folder.checksum(changed) != before
+    checkpoint['checksum'] = before
+    path = tmp_path / 'ckpt.pt'
+    torch.save(checkpoint, path)
+    assert run_folder.load_checkpoint(str(path))[1]['iter_num'] == 100
+    checkpoint['iter_num'] = 101  # the checksum written before the flip
+    torch.save(checkpoint, path)
+    with pytest.raises(SystemExit) as damaged:
+        run_folder.load_checkpoint(str(path))
+    assert damaged.value.code.startswith(f"checkpoint {path} is damaged: it no longer matches the checksum")
+    assert '\n' not in damaged.value.code
+
+
+def test_an_old_checkpoints_names_map_to_todays(tmp_path):
+    """A checkpoint of before the redesign: residual_source (0-based) is residual_from ('first', 'second'),
+    tie_embeddings=False is dropped (True is no longer built), and the λ parameters' old names load."""
+    from ablations import AblationConfig, build_model
+    from dataclasses import asdict
+    assert run_folder.current_args({'residual_source': 0, 'n_layer': 4}) == {'residual_from': 'first',
+                                                                              'n_layer': 4}
+    assert run_folder.current_args({'residual_source': 1, 'tie_embeddings': False}) == {
+        'residual_from': 'second'}
+    with pytest.raises(ValueError, match='tie_embeddings=True is no longer built'):
+        run_folder.current_args({'tie_embeddings': True})
+    config = AblationConfig(n_layer=4, n_head=2, n_embd=32, vocab_size=64, block_size=16,
+                            variant='resformer_learnable', residual_from='second')
+    model = build_model(config)
+    old_args = {k: v for k, v in asdict(config).items() if k != 'residual_from'}
+    old_args |= {'residual_source': 1, 'tie_embeddings': False}
+    old_names = {'lambda_1': 'lambda_v1', 'lambda_2': 'lambda_vn', 'lambda_prime': 'lambda_logits'}
+    state = {old_names.get(k, k): v for k, v in model.state_dict().items()}
+    assert any(k in state for k in old_names.values())
+    path = tmp_path / 'old.pt'
+    torch.save({'model': state, 'model_args': old_args, 'data_meta': {'tokenizer': 'char'}}, path)
+    loaded, _ = run_folder.load_checkpoint(str(path))
+    assert loaded.config == config
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
