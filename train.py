@@ -65,7 +65,9 @@ block_size = 128  # tokens per sequence: the context length T
 data_order = 'auto'  # 'random' (nanoGPT), 'epoch' (each window once), 'epochs'; 'auto': epoch
 #   on data kept by domain (SlimPajama, the paper's one epoch), random elsewhere
 # model: these, and every other field of AblationConfig (ablations.py, model.py) at its default
-variant = 'resformer_identity'
+variant = 'resformer_identity'  # vanilla, resformer_identity/constant/sparse/learnable/learnable_plus,
+#   svformer (model.py's VARIANTS), a baseline (ablations.py's BASELINES: neutreno, neutreno_resformer,
+#   denseformer, cla, share_k, share_v, shared_query, shared_key), or 'custom'
 n_layer = 4
 n_head = 4
 n_embd = 128
@@ -161,8 +163,11 @@ raw_model.to(device)
 loss_since_log = torch.tensor(loss_since_log, device=device)  # summed on the device: no wait
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 # nanoGPT's AdamW groups (decay on matrices and embeddings, not on norms or λ), or Muon beside them
-optimizer = optim.configure_optimizers(raw_model, weight_decay, learning_rate, (beta1, beta2),
-                                       device_type, lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
+try:  # lr_scales naming what is not a parameter of this model: one line
+    optimizer = optim.configure_optimizers(raw_model, weight_decay, learning_rate, (beta1, beta2), device_type,
+                                           lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
+except ValueError as e:
+    raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
 if init_from == 'resume':
     optimizer.load_state_dict(ckpt['optimizer'])
     scaler.load_state_dict(ckpt['scaler'])
@@ -260,8 +265,16 @@ def checkpoint():
             'data_meta': data.meta, 'loss_since_log': (loss_since_log.item(), steps_since_log)}
 
 def save(best=False):
-    run.save(checkpoint(), best)  # rank 0 writes; every rank waits for it (torchrun ends the other
-    if ddp:                       # ranks 30 s after one exits)
+    """Write the checkpoint, never of a step whose loss or gradient became NaN or inf (a GPU checks
+    only at log steps): rank 0 writes, and every rank waits for it (torchrun ends the others 30 s
+    after one exits)."""
+    if ddp:
+        all_reduce(nonfinite)
+    if nonfinite.item():
+        raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf before step "
+                         f"{iter_num}; stopped without saving, {run.kept}")
+    run.save(checkpoint(), best)
+    if ddp:
         barrier(group=stop.group)
 
 # -----------------------------------------------------------------------------
@@ -300,7 +313,8 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
                     last_eval |= {'val_loss_full': full_losses[0],
                                   'val_loss_full_domains': full_losses[1],
                                   'val_windows_full': sum(len(p) for _, p in data.val_full.values())}
-                said = f" (all {last_eval['val_windows_full']:,} windows)" if full_losses else ""
+                said = "" if not full_losses else f" (all {last_eval['val_windows_full']:,} windows)" \
+                    if eval_full else f"; all {last_eval['val_windows_full']:,} windows: {full_losses[0]:.4f}"
                 if eval_only:
                     say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
                     break
@@ -320,13 +334,15 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
             save()
         if stopping:  # a stop signal, or max_time: save this step and exit
             signal_number, past_max_time = stopping
-            if iter_num > first_step:
+            saved = iter_num > first_step and save_checkpoint
+            if saved:
                 save()
             why = f"stopped by {signal.Signals(signal_number).name}" if signal_number \
                 else f"past max_time={max_time} s"
             say(f"train.py: {why} at step {iter_num}; "
-                + (f"saved {run.ckpt_path}; continue with --init_from=resume" if iter_num > first_step
-                   else f"nothing new to save; {run.kept}"))
+                + (f"saved {run.ckpt_path}; continue with --init_from=resume" if saved
+                   else f"nothing new to save; {run.kept}" if save_checkpoint
+                   else "nothing saved (save_checkpoint=False)"))
             sys.exit(128 + signal_number if signal_number else 0)
         if iter_num >= max_iters:
             break

@@ -1,11 +1,14 @@
 """train.py end to end on a tiny model and corpus: learning, exact resume, DDP, and its one-line errors."""
+import ast
 import builtins
 import contextlib
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import random
+import re
 import resource
 import signal
 import socket
@@ -21,10 +24,11 @@ import numpy as np
 import pytest
 import torch
 
+from ablations import BASELINES, AblationConfig, build_model
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
 from testing import run_script, train_defaults
-from vrl import data, data_parallel, locks, metrics, run_folder
+from vrl import locks, metrics, run_folder, settings
 from vrl.optim import configure_optimizers
 from vrl.run_folder import load_checkpoint
 
@@ -32,6 +36,9 @@ REPO = Path(__file__).resolve().parents[1]  # the repository root
 TINY = ['--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
         '--batch_size=8', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2', '--learning_rate=3e-3',
         '--min_lr=3e-4']
+# a step of 2 passes of 8 sequences (nanoGPT's meaning: passes over all ranks together), so that it splits
+# over 2 ranks, one pass each; a one-process run with it reads the same 16 sequences a step
+TWO_PASSES = ['--gradient_accumulation_steps=2']
 
 
 @pytest.fixture(scope='module')
@@ -76,11 +83,16 @@ def records(workdir, out_dir):
                 for line in f]
 
 
+LOCK_FILES = ('.lock', '.lock.pid')
+
+
 def snapshot(folder):
-    """Every file and folder under `folder` with its size and modification time:
-    to show that nothing changed."""
-    return {path: (path.is_dir(), path.stat().st_size, path.stat().st_mtime_ns)
-            for path in Path(folder).rglob('*')}
+    """Every file under `folder` with its size and modification time, and every folder: to show that nothing
+    changed. Not out_dir's lock files, nor a folder's modification time: a run takes out_dir's lock before it
+    checks anything else (so two runs racing into one folder never both write), which makes out_dir/.lock (an
+    empty file, left there as filelock does) and, for a moment, .lock.pid."""
+    return {path: None if path.is_dir() else (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in Path(folder).rglob('*') if path.name not in LOCK_FILES}
 
 
 def one_line_error(result, *words):
@@ -91,20 +103,65 @@ def one_line_error(result, *words):
         assert word in last, last
 
 
+def stop_line(stdout, stderr):
+    """The line a run stopped at a step boundary ends with: its console's last (rank 0's, above the progress
+    bar, which is on stderr), with no traceback anywhere."""
+    assert 'Traceback' not in stderr and 'Traceback' not in stdout, stderr[-3000:]
+    return stdout.strip().splitlines()[-1]
+
+
 def test_training_lowers_the_loss(workdir):
+    """The loss falls; each evaluation's record holds the step, the loss, its domains' (none for one split)
+    and the best so far, and its console line says the loss and the best."""
     result = train(workdir, '--out_dir=out_learn', '--max_iters=60', '--eval_interval=30',
                    '--lr_decay_iters=60')
     val = log(workdir, 'out_learn', 'val_loss')
     assert val[60] < 0.75 * val[0], val
-    # the last evaluation was the best: one file written, under both names
-    assert os.path.samefile(workdir / 'out_learn' / 'best.pt', workdir / 'out_learn' / 'ckpt.pt')
+    evaluations = [r for r in records(workdir, 'out_learn') if 'val_loss' in r]
+    assert [list(r) for r in evaluations] == [['step', 'val_loss', 'val_loss_domains', 'best_val_loss']] * 3
+    assert [r['val_loss_domains'] for r in evaluations] == [None] * 3
+    assert [r['best_val_loss'] for r in evaluations] == list(itertools.accumulate(val.values(), min))
+    assert f'step 60: val loss {val[60]:.4f} (best {min(val.values()):.4f})' in result.stdout
     assert '256 tokens per step' in result.stdout and 'for the 60 steps to go' in result.stdout
 
 
+def flip_a_byte(path, member=None, at=None, bit=0x40):
+    """Flip one bit of a member of the checkpoint path (a zip that torch.save stores uncompressed), as a disk or
+    a copy may: by default the middle byte of its biggest member, a tensor's; else of the member whose name
+    ends in `member`, at offset at(its bytes)."""
+    with zipfile.ZipFile(path) as archive:
+        info = (max(archive.infolist(), key=lambda i: i.file_size) if member is None else
+                next(i for i in archive.infolist() if i.filename.endswith(member)))
+    data = bytearray(path.read_bytes())
+    header = info.header_offset  # the local header's name and extra field (torch pads the latter)
+    name_length, extra_length = (int.from_bytes(data[header + i:header + i + 2], 'little') for i in (26, 28))
+    start = header + 30 + name_length + extra_length
+    offset = info.file_size // 2 if at is None else at(bytes(data[start:start + info.file_size]))
+    data[start + offset] ^= bit
+    path.write_bytes(bytes(data))
+
+
+def test_best_pt_is_a_file_of_its_own(workdir):
+    """best.pt is a copy of the checkpoint it was (not a second name of ckpt.pt's file): a flipped byte in
+    either leaves the other loadable."""
+    train(workdir, '--out_dir=out_own_best', '--max_iters=2', '--eval_interval=2')
+    val = log(workdir, 'out_own_best', 'val_loss')
+    best, ckpt = workdir / 'out_own_best' / 'best.pt', workdir / 'out_own_best' / 'ckpt.pt'
+    assert val[2] < val[0]  # the last evaluation was the best: both hold step 2
+    assert not os.path.samefile(best, ckpt) and best.read_bytes() == ckpt.read_bytes()
+    for damaged, intact in (ckpt, best), (best, ckpt):
+        good = damaged.read_bytes()
+        flip_a_byte(damaged)
+        with pytest.raises(SystemExit, match=f'checkpoint {damaged} is damaged'):
+            load_checkpoint(damaged)
+        assert load_checkpoint(intact)[1]['iter_num'] == 2
+        damaged.write_bytes(good)
+
+
 def test_the_cost_estimate_changes_nothing(workdir):
-    """The line that says what a run costs, printed before step 0's evaluation, comes from a training
-    micro-batch and an evaluation batch run first: the run's log and weights stay bit-identical to those of
-    the same train.py without that probe (with dropout on, and 2 micro-batches a step)."""
+    """The line that says what a run costs, printed before step 0's evaluation, comes from training steps
+    (their updates at rate 0) and an evaluation pass run first: the run's log and weights stay bit-identical
+    to those of the same train.py without that probe (with dropout on, and 2 passes a step)."""
     source = (REPO / 'train.py').read_text()
     probe = 'metrics.estimate_time('
     assert source.count(probe) == 1
@@ -114,8 +171,9 @@ def test_the_cost_estimate_changes_nothing(workdir):
     result = train_here(workdir, [*args, '--out_dir=out_probed'])
     train_here(workdir, [*args, '--out_dir=out_unprobed'], script=workdir / 'train_unprobed.py')
     lines = [line for line in result.stdout.splitlines() if not line.startswith('Overriding')]
-    assert 'for the 6 steps to go, plus' in lines[2] and 'for 3 evaluations' in lines[2], lines[:4]
-    assert lines[3].startswith('step 0: val loss')  # the estimate comes before any long work
+    assert lines[2] == f"timing {2 + metrics.TIMED_PASSES} steps for an estimate of the run's cost", lines[:5]
+    assert 'for the 6 steps to go, plus' in lines[3] and 'for 3 evaluations' in lines[3], lines[:5]
+    assert lines[4].startswith('step 0: val loss')  # the estimate comes before any long work
     assert records(workdir, 'out_probed') == records(workdir, 'out_unprobed')
     assert_same_weights(weights(workdir, 'out_probed'), weights(workdir, 'out_unprobed'))
 
@@ -123,7 +181,7 @@ def test_the_cost_estimate_changes_nothing(workdir):
 def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypatch):
     """Training windows are read a step ahead, in a thread, while the step before computes (a network file
     system stalls every read): the log and weights are bit-identical to those of the same train.py reading
-    each step's windows in the step (dropout on, 2 micro-batches a step)."""
+    each step's windows in the step (dropout on, 2 passes a step)."""
     source = (REPO / 'train.py').read_text()
     ahead = 'reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None'
     assert source.count(ahead) == 1
@@ -138,7 +196,7 @@ def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypat
     args = [*TINY, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=6', '--dropout=0.1',
             '--variant=resformer_learnable', '--gradient_accumulation_steps=2', '--batch_size=4']
     train_here(workdir, [*args, '--out_dir=out_ahead'])
-    assert in_main_thread.count(False) == 5 * 2  # steps 1-5, each 2 micro-batches; step 0 in the main thread
+    assert in_main_thread.count(False) == 5 * 2  # steps 1-5, each 2 passes; step 0 in the main thread
     in_main_thread.clear()
     train_here(workdir, [*args, '--out_dir=out_in_step'], script=workdir / 'train_in_step.py')
     assert in_main_thread and all(in_main_thread)
@@ -146,48 +204,56 @@ def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypat
     assert_same_weights(weights(workdir, 'out_ahead'), weights(workdir, 'out_in_step'))
 
 
-def test_a_micro_step_returns_no_logits(workdir, monkeypatch):
-    """Every forward pass train.py makes, training's or evaluation's, returns its loss and no logits (B x T x
-    vocab: 6.6 GB at 82M), so none is held past it. Each training pass's inputs and targets are two views of
-    one block of windows, copied to the device once (evaluation's targets are a new tensor, so that its
-    padded pieces have the layout of the others)."""
+def test_a_pass_returns_the_loss_alone(workdir, monkeypatch):
+    """Every forward pass train.py makes, training's or evaluation's, gives the model targets and gets back
+    its loss alone, a scalar, no logits (B x T x vocab: 6.6 GB at 82M), so none is held past it. Each training
+    pass's inputs and targets are two views of one block of windows, copied to the device once (evaluation's
+    targets are a new tensor, so that its padded pieces have the layout of the others)."""
     forward, returned, one_block = GPT.forward, [], []
 
     def watched_forward(model, idx, targets=None, **kwargs):
         if model.training:
             one_block.append(idx.untyped_storage().data_ptr() == targets.untyped_storage().data_ptr())
-        logits, loss = forward(model, idx, targets, **kwargs)
-        returned.append((logits, loss.shape))
-        return logits, loss
+        loss = forward(model, idx, targets, **kwargs)
+        returned.append((targets is not None, loss.shape))
+        return loss
 
     monkeypatch.setattr(GPT, 'forward', watched_forward)
-    train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--micro_batch_size=4')
+    train(workdir, '--out_dir=out_logits', '--max_iters=3', '--eval_interval=3', '--batch_size=4',
+          '--gradient_accumulation_steps=2', '--eval_iters=4')
     monkeypatch.undo()
     # the cost estimate's training steps of 2 passes (two untimed, then the timed ones) and its evaluation
-    # pass, 4 evaluation passes at step 0, 3 steps of 2 passes, 4 at step 3
-    assert returned == [(None, ())] * ((2 + metrics.TIMED_PASSES) * 2 + 1 + 4 + 3 * 2 + 4)
+    # pass, 4 evaluation passes at step 0 (16 windows), 3 steps of 2 passes, 4 at step 3
+    assert returned == [(True, ())] * ((2 + metrics.TIMED_PASSES) * 2 + 1 + 4 + 3 * 2 + 4)
     assert len(one_block) == (2 + metrics.TIMED_PASSES) * 2 + 3 * 2 and all(one_block)
 
 
-def test_evaluation_takes_training_sized_micro_batches_and_keeps_its_loss(workdir, monkeypatch):
-    """Evaluation forwards micro-batches of the size training's have (so a compiled model compiles no batch
-    size of its own, and memory stays what training takes), and the loss stays that of any other split:
-    resuming a finished run with another micro_batch_size repeats its last evaluation, and logs the same
-    loss."""
+def test_evaluation_takes_passes_of_batch_size_and_keeps_its_loss(workdir, monkeypatch):
+    """Evaluation forwards passes of batch_size sequences, as training's are (so a compiled model compiles
+    no batch size of its own, and memory stays what training takes), every validation window too
+    (eval_full), the last piece padded; and the loss stays that of any other split: the same weights score
+    every window alike in passes of 4 (which divide them) and of 3 (the last one padded)."""
     forward, sizes = GPT.forward, []
 
     def counted(model, idx, *args, **kwargs):
         sizes.append((model.training, idx.size(0)))
         return forward(model, idx, *args, **kwargs)
 
-    common = ['--out_dir=out_eval_micro', '--max_iters=4', '--eval_interval=2', '--lr_decay_iters=4']
     monkeypatch.setattr(GPT, 'forward', counted)
-    train(workdir, *common, '--micro_batch_size=4')
+    train(workdir, '--out_dir=out_eval_passes', '--max_iters=4', '--eval_interval=2', '--lr_decay_iters=4',
+          '--batch_size=4', '--gradient_accumulation_steps=2', '--eval_full=True')
     monkeypatch.undo()
     assert {n for training, n in sizes if training} == {n for training, n in sizes if not training} == {4}
-    before = log(workdir, 'out_eval_micro', 'val_loss')[4]
-    train(workdir, *common, '--init_from=resume', '--micro_batch_size=3')  # 16 windows: 5 x 3 and 1
-    assert log(workdir, 'out_eval_micro', 'val_loss')[4] == pytest.approx(before, rel=1e-6)
+    tokens = len(np.fromfile(workdir / 'data' / 'tiny_char' / 'val.bin', dtype=np.uint16))
+    windows = len(range(0, tokens - 32, 32))
+    assert windows % 4 == 0 and windows % 3 != 0
+    full = []
+    for size in 4, 3:  # max_iters=0: step 0's weights, scored on every window (the run's last evaluation)
+        train(workdir, f'--out_dir=out_eval_passes_{size}', '--max_iters=0', f'--batch_size={size}',
+              '--eval_full=True')
+        full.append(log(workdir, f'out_eval_passes_{size}', 'val_loss_full')[0])
+    assert log(workdir, 'out_eval_passes_3', 'val_windows_full')[0] == windows
+    assert full[1] == pytest.approx(full[0], rel=1e-6)
 
 
 DOMAINS = {'arxiv': [300], 'github': [600, 200], 'wikipedia': [2000]}  # tokens in each validation file
@@ -241,7 +307,7 @@ def test_validation_by_domain_is_the_unweighted_mean_of_each_domains_loss(workdi
                                       (places[round(k * (len(places) - 1) / (count - 1))]
                                        for k in range(count))]))
         with torch.no_grad():
-            loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
+            loss = model.eval()(rows[:, :-1], rows[:, 1:]).item()
         assert evaluations[-1]['val_loss_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
     one_line_error(train(workdir, '--dataset=domains_char', '--out_dir=out_domains_few', '--eval_iters=20',
                          '--max_iters=4', check=False),
@@ -253,10 +319,10 @@ def test_the_last_evaluation_scores_every_validation_window_of_every_domain(work
     """On data kept by domain, the last evaluation (and eval_only) scores every validation window of every
     domain beside the fixed sample: val_loss_full_domains holds each domain's mean loss over all its windows
     (computed here by hand from the checkpoint), val_loss_full their unweighted mean, and the checkpoint's
-    last_eval records it. Evaluation pieces of 3 leave a domain's last piece short: it is padded."""
+    last_eval records it; the console says both losses. Evaluation passes of 3 leave a domain's last piece
+    short: it is padded."""
     val = domain_data(workdir)
-    common = ['--dataset=domains_char', '--out_dir=out_full_val', '--lr_decay_iters=2',
-              '--micro_batch_size=3']
+    common = ['--dataset=domains_char', '--out_dir=out_full_val', '--lr_decay_iters=2', '--batch_size=3']
     train(workdir, *common, '--max_iters=2', '--eval_interval=1')
     evaluations = [r for r in records(workdir, 'out_full_val') if 'val_loss' in r]
     assert ['val_loss_full' in r for r in evaluations] == [False, False, True]
@@ -269,12 +335,13 @@ def test_the_last_evaluation_scores_every_validation_window_of_every_domain(work
                                       for i in range(0, len(array) - T, T)]))
         total += len(rows)
         with torch.no_grad():
-            loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
+            loss = model.eval()(rows[:, :-1], rows[:, 1:]).item()
         assert last['val_loss_full_domains'][domain] == pytest.approx(loss, abs=1e-5), domain
     assert last['val_windows_full'] == total == 9 + 18 + 6 + 62
     assert last['val_loss_full'] == pytest.approx(sum(last['val_loss_full_domains'].values()) / len(DOMAINS))
     scored = train(workdir, *common, '--max_iters=2', '--eval_only=True', '--init_from=resume')
-    assert f"; all 95 windows: {last['val_loss_full']:.4f} (arxiv " in scored.stdout
+    assert f"step 2: val loss {last['val_loss']:.4f}; all 95 windows: {last['val_loss_full']:.4f}" \
+        in scored.stdout.splitlines(), scored.stdout
 
 
 RECORD_FORWARDS = """import json, os, runpy, sys
@@ -295,8 +362,8 @@ finally:
 
 
 def batches_read(calls):
-    """The training batches a run's forward calls [(training, rows)] read, step by step (one micro-batch a
-    step here), leaving out the cost estimate's, the one training forward before the first evaluation."""
+    """The training batches a run's forward calls [(training, rows)] read, step by step (one pass a step
+    here), leaving out the cost estimate's, the training passes before its evaluation pass."""
     first_eval = [training for training, _ in calls].index(False)
     return [rows for training, rows in calls[first_eval:] if training]
 
@@ -305,7 +372,8 @@ def test_one_epoch_reads_every_training_window_once_over_ranks_and_resumes_in_or
     """On data kept by domain (SlimPajama's layout), data_order='auto' reads each training window once: 2
     shards of 20 and 28 windows, 6 steps of 8 windows on 2 ranks read all 48 once; one process, stopped at
     step 3 and resumed, reads the same batches in the same order; data_order='epochs' goes on into a second
-    epoch, in a new order. A run that needs more windows than the split holds stops at start with one line."""
+    epoch, in a new order. A run that needs more windows than the split holds stops at start with one line.
+    (Under torchrun a step of 8 windows is 2 passes of 4, one a rank; on one process, one pass of 8.)"""
     T = 32
     domain_data(workdir, 'epoch_char', train_shards=[20 * T + 1, 28 * T + 1])
     shards = [np.fromfile(workdir / 'data' / 'epoch_char' / f'train_0000{i}.bin', dtype=np.uint16)
@@ -315,8 +383,8 @@ def test_one_epoch_reads_every_training_window_once_over_ranks_and_resumes_in_or
     assert len(window) == 48  # no two windows alike: a batch's rows say which windows it read
     common = [*TINY, '--dataset=epoch_char', '--eval_interval=3', '--lr_decay_iters=6']
     (workdir / 'record_forwards.py').write_text(RECORD_FORWARDS)
-    torchrun(workdir, *common, '--max_iters=6', '--out_dir=out_epoch_ddp',
-             script=(workdir / 'record_forwards.py', REPO / 'train.py'))
+    torchrun(workdir, *common, '--gradient_accumulation_steps=2', '--batch_size=4', '--max_iters=6',
+             '--out_dir=out_epoch_ddp', script=(workdir / 'record_forwards.py', REPO / 'train.py'))
     ranks = [batches_read(json.loads((workdir / f'forwards_{rank}.json').read_text())) for rank in (0, 1)]
     steps = [first + second for first, second in zip(*ranks)]  # rank 0's half of each batch, then rank 1's
     assert len(steps) == 6
@@ -385,13 +453,40 @@ LONG = ['--max_iters=40', '--eval_interval=4', '--lr_decay_iters=40', '--variant
 
 def test_resume_continues_exactly(workdir, straight):
     """40 steps straight == 6 steps, stop, resume: the same log record for record, bit for bit, even when the
-    log ends in a half-written line, or holds lines that are not records."""
+    log ends in a half-written line, or holds lines that are not records. The 6-step run's last evaluation,
+    at step 6 (its end), stays in the log: its checkpoint holds it, and the resumed run does not repeat it."""
     train(workdir, '--out_dir=out_resumed', *LONG, '--max_iters=6')
+    val_6 = records(workdir, 'out_resumed')[-1]
+    assert val_6['step'] == 6 and 'val_loss' in val_6
     with open(workdir / 'out_resumed' / 'log.jsonl', 'a') as f:
         f.write('{}\n[1, 2]\n"step"\n{"step": 7, "train_lo')
     train(workdir, '--out_dir=out_resumed', *LONG, '--init_from=resume')
-    assert records(workdir, 'out_resumed') == straight
+    step_7 = next(i for i, r in enumerate(straight) if r['step'] == 7)
+    assert records(workdir, 'out_resumed') == straight[:step_7] + [val_6] + straight[step_7:]
     assert [r['step'] for r in straight if 'train_loss' in r] == list(range(1, 41))
+    assert_same_weights(weights(workdir, 'out_resumed'), weights(workdir, 'out_straight'))
+
+
+def test_a_run_resumed_at_an_evaluation_does_not_repeat_it(workdir, straight, monkeypatch):
+    """A run resumed from the checkpoint of an evaluation step (step 8, the end of an 8-step run, and an
+    evaluation step of the 40-step schedule) does not evaluate that step again: the log keeps the evaluation's
+    record, and ends as the straight run's, record for record (timing fields aside)."""
+    train(workdir, '--out_dir=out_no_repeat', *LONG, '--max_iters=8')
+    forward, evaluated = GPT.forward, []
+
+    def counted(model, idx, *args, **kwargs):
+        if not model.training:
+            evaluated.append(idx.size(0))
+        return forward(model, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, 'forward', counted)
+    result = train(workdir, '--out_dir=out_no_repeat', *LONG, '--init_from=resume')
+    monkeypatch.undo()
+    # the cost estimate's evaluation pass, then 2 passes (16 windows) at each of steps 12, 16, ..., 40
+    assert len(evaluated) == 1 + 2 * 8, evaluated
+    assert 'step 8: val loss' not in result.stdout and 'step 12: val loss' in result.stdout
+    assert records(workdir, 'out_no_repeat') == straight
+    assert_same_weights(weights(workdir, 'out_no_repeat'), weights(workdir, 'out_straight'))
 
 
 STOP_AT_STEP = """import os, runpy, signal, sys, time
@@ -455,88 +550,323 @@ def test_resume_after_sigkill(workdir, straight):
     assert not list((workdir / 'out_killed').glob('*.tmp'))
 
 
-def test_ctrl_c_saves_a_checkpoint_to_resume_exactly(workdir, straight):
-    """SIGINT: one line naming the step and how to go on, a checkpoint at that step, and a resume equal to the
-    uninterrupted run."""
-    process = subprocess.Popen([sys.executable, *stopping_at(workdir, 5), *TINY, '--out_dir=out_interrupted',
-                                *LONG], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True,
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1], ids=lambda sig: sig.name)
+def test_a_stop_signal_saves_a_checkpoint_to_resume_exactly(workdir, straight, sig):
+    """Ctrl-C, a dropped ssh session's SIGHUP, SLURM's warning SIGUSR1 (and SIGTERM, below) stop a run at the
+    next step boundary: one line naming the signal, the step and how to go on, exit 128 + the signal's
+    number, a checkpoint at that step, and a resume equal to the uninterrupted run, log and weights."""
+    out = f'out_stopped_by_{sig.name}'
+    process = subprocess.Popen([sys.executable, *stopping_at(workdir, 5), *TINY, f'--out_dir={out}', *LONG],
+                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                # even if we ignore it
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     wait_until_stopped(process)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     process.send_signal(signal.SIGCONT)
-    stderr = process.communicate()[1]
-    assert process.returncode == 130 and 'Traceback' not in stderr, stderr
-    last = stderr.strip().splitlines()[-1]
-    step = torch.load(workdir / 'out_interrupted' / 'ckpt.pt', weights_only=True)['iter_num']
-    assert step == 5 and last.startswith('train.py: interrupted at step 5; saved'), stderr
-    assert '--init_from=resume' in last
-    train(workdir, '--out_dir=out_interrupted', '--init_from=resume', *LONG)
-    assert records(workdir, 'out_interrupted') == straight
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + sig, stderr[-3000:]
+    assert stop_line(stdout, stderr) == (f'train.py: stopped by {sig.name} at step 5; saved {out}/ckpt.pt; '
+                                         f'continue with --init_from=resume')
+    assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == 5
+    assert max(log(workdir, out, 'train_loss')) == 5 and not list((workdir / out).glob('*.tmp'))
+    train(workdir, f'--out_dir={out}', '--init_from=resume', *LONG)
+    assert records(workdir, out) == straight
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
 
 
-def weights(workdir, out_dir):
-    return torch.load(workdir / out_dir / 'ckpt.pt', weights_only=True)['model']
+def weights(workdir, out_dir, name='ckpt.pt'):
+    return torch.load(workdir / out_dir / name, weights_only=True)['model']
 
 
 def assert_same_weights(first, second):
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-@pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
-                                               (signal.SIGTERM, 'forward', 3),
-                                               (signal.SIGINT, 'update, save', 8)],
-                         ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass',
-                              'SIGINT in the update, again in the save'])
-def test_a_signal_mid_step_stops_at_a_step_boundary_to_resume_exactly(workdir, straight, monkeypatch, sig,
-                                                                      during, step):
-    """SIGINT or SIGTERM sent from inside a step. In the 4th step's training forward pass (after the cost
-    estimate's 2 + TIMED_PASSES) it stops the run at once, at step 3; in the 8th weight update it waits for
-    the update and its log record, and stops at step 8; a second Ctrl-C while the checkpoint is written waits
-    for it. Each way: one line, a checkpoint at that step (no ckpt.pt.tmp), and a resume equal to the
-    uninterrupted run, log and weights, bit for bit."""
+def signalling(function, sig, when):
+    """function, sending this process sig before the calls for which when(*args) holds."""
+    def wrapper(*args, **kwargs):
+        if when(*args):
+            os.kill(os.getpid(), sig)
+        return function(*args, **kwargs)
+    return wrapper
+
+
+def nth_call(n):
+    """A when() for signalling that holds at its n-th call only."""
     calls = []
+    return lambda *_: calls.append(1) or len(calls) == n
 
-    def nth(n):
-        calls.append(1)
-        return len(calls) == n
 
-    def signalling(function, when):
-        def wrapper(*args, **kwargs):
-            if when(*args):
-                os.kill(os.getpid(), sig)
-            return function(*args, **kwargs)
-        return wrapper
-
+@pytest.mark.parametrize('sig, during, step', [(signal.SIGINT, 'update', 8), (signal.SIGTERM, 'update', 8),
+                                               (signal.SIGTERM, 'forward', 4)],
+                         ids=['SIGINT in the update', 'SIGTERM in the update', 'SIGTERM in the forward pass'])
+def test_a_signal_mid_step_stops_at_the_next_step_boundary_to_resume_exactly(workdir, straight, monkeypatch,
+                                                                             sig, during, step):
+    """SIGINT or SIGTERM sent from inside a step is noted, and the run goes on to the step's end: sent in the
+    8th weight update (its gradient clipping) it stops the run at step 8, and in the 4th step's training
+    forward pass (after the cost estimate's 2 + TIMED_PASSES) at step 4; the evaluation due at that step
+    waits for the resumed run. Each way: one line, exit 128 + the signal's number, a checkpoint at that step
+    (no ckpt.pt.tmp), and a resume equal to the uninterrupted run, log and weights, bit for bit."""
     if during == 'forward':  # training calls only, not evaluation's
-        fourth_step = 2 + metrics.TIMED_PASSES + 4
-        forward = signalling(GPT.forward, lambda model, *_: model.training and nth(fourth_step))
-        monkeypatch.setattr(GPT, 'forward', forward)
+        nth = nth_call(2 + metrics.TIMED_PASSES + 4)
+        monkeypatch.setattr(GPT, 'forward', signalling(GPT.forward, sig, lambda model, *_: model.training
+                                                       and nth()))
     else:
-        clip = signalling(torch.nn.utils.clip_grad_norm_, lambda *_: nth(8))
-        monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', clip)
-    if during == 'update, save':  # again at every torch.save from step 8 on
-        monkeypatch.setattr(torch, 'save', signalling(torch.save, lambda *_: len(calls) >= 8))
-    out = f"out_{sig.name}_{during.replace(', ', '_')}"
+        monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
+                            signalling(torch.nn.utils.clip_grad_norm_, sig, nth_call(8)))
+    out = f"out_{sig.name}_{during}"
     result = train(workdir, f'--out_dir={out}', *LONG, check=False)
     monkeypatch.undo()
-    how = 'interrupted' if sig == signal.SIGINT else 'stopped by SIGTERM'
-    one_line_error(result, f'train.py: {how} at step {step}; saved {out}/ckpt.pt; '
-                           f'continue with --init_from=resume')
     assert result.returncode == 128 + sig
+    assert stop_line(result.stdout, result.stderr) == (f'train.py: stopped by {sig.name} at step {step}; saved '
+                                                       f'{out}/ckpt.pt; continue with --init_from=resume')
     assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == step
     assert [r['step'] for r in records(workdir, out) if 'train_loss' in r] == list(range(1, step + 1))
+    assert [r['step'] for r in records(workdir, out) if 'val_loss' in r] == list(range(0, step, 4))
     assert not list((workdir / out).glob('*.tmp'))
     train(workdir, f'--out_dir={out}', '--init_from=resume', *LONG)
     assert records(workdir, out) == straight
     assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
 
 
+def test_a_second_ctrl_c_stops_at_once_and_the_last_checkpoint_stays(workdir, straight, monkeypatch):
+    """Ctrl-C in the 8th update, and again while the stop's checkpoint is written (the file written, not yet
+    renamed into place): the second stops the run at once, in one line, exit 130. ckpt.pt stays step 4's,
+    whole; the next start removes the ckpt.pt.tmp left behind, saying so, and resumes as the straight run."""
+    save = torch.save
+
+    def saved_then_interrupted(*args, **kwargs):
+        save(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
+                        signalling(torch.nn.utils.clip_grad_norm_, signal.SIGINT, nth_call(8)))
+    monkeypatch.setattr(torch, 'save', lambda *args, **kwargs: (
+        saved_then_interrupted if str(args[1]).endswith('ckpt.pt.tmp') and args[0]['iter_num'] == 8 else save)(
+        *args, **kwargs))
+    out = 'out_ctrl_c_twice'
+    result = train(workdir, f'--out_dir={out}', *LONG, check=False)
+    monkeypatch.undo()
+    assert result.returncode == 130 and 'Traceback' not in result.stderr, result.stderr
+    # its line, perhaps after the progress bar it interrupted, and then only the bar's last state, drawn as the
+    # loop's with-block closes it
+    lines = [line.strip() for line in result.stderr.replace('\r', '\n').splitlines() if line.strip()]
+    said = [line for line in lines if not re.fullmatch(r'\d+%\|.*\]', line)]
+    assert said[-1].endswith('train.py: stopped by SIGINT again: at once, nothing more saved'), lines[-5:]
+    assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
+    assert torch.load(workdir / out / 'ckpt.pt.tmp', weights_only=True)['iter_num'] == 8  # never in place
+    result = train(workdir, f'--out_dir={out}', '--init_from=resume', *LONG)
+    assert f'train.py: removed {out}/ckpt.pt.tmp, a checkpoint write cut short by a kill' in result.stderr
+    assert records(workdir, out) == straight
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
+
+
+SIGNAL_AT_OPEN = """import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+from vrl import data
+open_dataset, sig = data.open_dataset, int(os.environ['SIGNAL'])
+def signalled(*args, **kwargs):
+    os.kill(os.getpid(), sig)
+    return open_dataset(*args, **kwargs)
+data.open_dataset = signalled
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('sig', [signal.SIGHUP, signal.SIGUSR1], ids=lambda sig: sig.name)
+def test_a_stop_signal_before_training_starts_ends_the_run_in_one_line(workdir, sig):
+    """Before the loop (here: as the data is opened) a stop signal ends the run at once, with one line and exit
+    128 + its number, writing nothing."""
+    script = workdir / 'signal_at_open.py'
+    script.write_text(SIGNAL_AT_OPEN)
+    result = run([script, REPO / 'train.py', *TINY, '--out_dir=out_early_stop'], workdir, check=False,
+                 env=dict(os.environ, SIGNAL=str(int(sig))))
+    assert result.returncode == 128 + sig, result.stderr[-3000:]
+    one_line_error(result, f'train.py: stopped by {sig.name} before training started; nothing saved')
+    assert not (workdir / 'out_early_stop').exists()
+
+
+def test_a_stop_during_the_start_up_estimate_saves_nothing(workdir, straight, monkeypatch):
+    """SIGTERM in the cost estimate's 3rd training pass (after updates at rate 0, whose optimizer state the
+    estimate clears at its end) waits for the estimate to end and stops the run at its first step boundary,
+    with nothing new to save: a fresh run writes nothing (a checkpoint of the estimate's state would not
+    resume exactly), a resumed one leaves its checkpoint and log as they were, and resuming it again ends as
+    the straight run, bit for bit."""
+    forward, training_passes = GPT.forward, []
+
+    def third_training_pass(model, *_):
+        training_passes.append(model.training)
+        return training_passes.count(True) == 3 and model.training
+
+    monkeypatch.setattr(GPT, 'forward', signalling(forward, signal.SIGTERM, third_training_pass))
+    out = 'out_term_in_estimate'
+    result = train(workdir, f'--out_dir={out}', *LONG, check=False)
+    monkeypatch.undo()
+    assert result.returncode == 128 + signal.SIGTERM
+    assert stop_line(result.stdout, result.stderr) == ('train.py: stopped by SIGTERM at step 0; nothing new to '
+                                                       'save; no checkpoint written')
+    assert training_passes == [True] * (2 + metrics.TIMED_PASSES) + [False]  # the estimate's, to its end
+    assert not (workdir / out).exists()  # nothing written: the folder it made is gone
+
+    train(workdir, f'--out_dir={out}', *LONG, '--max_iters=8')
+    before = {name: (workdir / out / name).read_bytes() for name in ('ckpt.pt', 'best.pt', 'log.jsonl')}
+    training_passes.clear()
+    monkeypatch.setattr(GPT, 'forward', signalling(forward, signal.SIGTERM, third_training_pass))
+    result = train(workdir, f'--out_dir={out}', *LONG, '--init_from=resume', check=False)
+    monkeypatch.undo()
+    assert result.returncode == 128 + signal.SIGTERM
+    assert stop_line(result.stdout, result.stderr) == (f'train.py: stopped by SIGTERM at step 8; nothing new '
+                                                       f'to save; {out}/ckpt.pt (step 8) is the last good '
+                                                       f'checkpoint')
+    assert {name: (workdir / out / name).read_bytes() for name in before} == before
+    train(workdir, f'--out_dir={out}', *LONG, '--init_from=resume')
+    assert records(workdir, out) == straight
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
+
+
+@pytest.fixture(scope='module')
+def straight_full(workdir):
+    """out_full_straight: 12 steps without a break, every evaluation after step 0 scoring every one of the
+    validation split's windows (eval_full): 46 passes of 8."""
+    train(workdir, '--out_dir=out_full_straight', *FULL)
+    return records(workdir, 'out_full_straight')
+
+
+FULL = ['--max_iters=12', '--eval_interval=4', '--lr_decay_iters=12', '--eval_full=True']
+
+
+def test_a_stop_during_a_long_evaluation_cuts_it_short_to_resume_exactly(workdir, straight_full, monkeypatch):
+    """SIGTERM in the 3rd pass of step 4's evaluation of every validation window (46 passes): the evaluation
+    stops at its next poll (every 16 passes), logs nothing, and the run saves step 4 and exits; the resumed
+    run evaluates step 4 and ends as the straight run, log and weights, bit for bit."""
+    forward, evaluated = GPT.forward, []
+
+    def third_pass_of_step_4s_full_evaluation(model, *_):
+        if not model.training:
+            evaluated.append(1)
+        # the estimate's evaluation pass, 2 at step 0, then step 4's: 2 of the sample, then every window's
+        return not model.training and len(evaluated) == 1 + 2 + 2 + 3
+
+    monkeypatch.setattr(GPT, 'forward', signalling(forward, signal.SIGTERM,
+                                                   third_pass_of_step_4s_full_evaluation))
+    out = 'out_term_in_evaluation'
+    result = train(workdir, f'--out_dir={out}', *FULL, check=False)
+    monkeypatch.undo()
+    assert result.returncode == 128 + signal.SIGTERM
+    assert stop_line(result.stdout, result.stderr) == (f'train.py: stopped by SIGTERM at step 4; saved '
+                                                       f'{out}/ckpt.pt; continue with --init_from=resume')
+    assert len(evaluated) == 1 + 2 + 2 + 15  # cut short at the poll before its 16th pass, of 46
+    checkpoint = torch.load(workdir / out / 'ckpt.pt', weights_only=True)
+    assert checkpoint['iter_num'] == 4 and checkpoint['last_eval']['step'] == 0
+    assert [r['step'] for r in records(workdir, out) if 'val_loss' in r] == [0]
+    train(workdir, f'--out_dir={out}', *FULL, '--init_from=resume')
+    assert records(workdir, out) == straight_full
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_full_straight'))
+
+
+STEP_CLOCK = """import os, runpy, sys, time
+import tqdm  # keeps the real clock
+from torch.optim.optimizer import register_optimizer_step_post_hook
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+updates = reads = 0
+def count_update(optimizer, args, kwargs):
+    global updates
+    updates += any(group['lr'] for group in optimizer.param_groups)  # not the estimate's, at rate 0
+def step_clock():
+    global reads
+    reads += 1
+    return updates + 1e-9 * reads  # one second a step, and never the same time twice
+register_optimizer_step_post_hook(count_update)
+time.time = step_clock
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_max_time_saves_and_exits_0_to_resume_exactly(workdir, straight):
+    """max_time=10 on a clock that the optimizer's steps advance, one second each: the run stops at the first
+    step boundary past 10 s (step 10), saves it, says so in one line and exits 0 (a job chain goes on); resumed
+    without max_time it ends as the uninterrupted run, log and weights (its final val loss), bit for bit."""
+    clock = workdir / 'step_clock.py'
+    clock.write_text(STEP_CLOCK)
+    out = 'out_max_time'
+    result = run([clock, REPO / 'train.py', *TINY, *LONG, '--max_time=10', f'--out_dir={out}'], workdir)
+    assert stop_line(result.stdout, result.stderr) == (f'train.py: past max_time=10 s at step 10; saved '
+                                                       f'{out}/ckpt.pt; continue with --init_from=resume')
+    assert torch.load(workdir / out / 'ckpt.pt', weights_only=True)['iter_num'] == 10
+    assert max(log(workdir, out, 'train_loss')) == 10
+    train(workdir, f'--out_dir={out}', *LONG, '--init_from=resume')
+    assert records(workdir, out) == straight
+    assert log(workdir, out, 'val_loss')[40] == log(workdir, 'out_straight', 'val_loss')[40]
+    assert_same_weights(weights(workdir, out), weights(workdir, 'out_straight'))
+
+
+def test_ckpt_interval_saves_between_evaluations_to_resume_exactly(workdir):
+    """ckpt_interval=7 with eval_interval=50: ckpt.pt at steps 7, 14, ... beside the evaluations (0 and 40).
+    SIGKILL in step 15's update, after step 14's checkpoint: the resume starts from step 14, not 0, and ends
+    as the uninterrupted run, log and weights, bit for bit."""
+    common = [*LONG, '--eval_interval=50', '--ckpt_interval=7']
+    train(workdir, '--out_dir=out_every_7_straight', *common)
+    process = subprocess.Popen([sys.executable, *stopping_at(workdir, 15), *TINY, *common,
+                                '--out_dir=out_every_7'], cwd=workdir, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_until_stopped(process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert torch.load(workdir / 'out_every_7' / 'ckpt.pt', weights_only=True)['iter_num'] == 14
+    assert max(log(workdir, 'out_every_7', 'train_loss')) == 14
+    result = train(workdir, '--out_dir=out_every_7', *common, '--init_from=resume')
+    assert 'tokens to go' in result.stdout and f'{26 * 8 * 32:,} tokens to go' in result.stdout  # from 14
+    assert records(workdir, 'out_every_7') == records(workdir, 'out_every_7_straight')
+    assert [r['step'] for r in records(workdir, 'out_every_7') if 'val_loss' in r] == [0, 40]
+    assert_same_weights(weights(workdir, 'out_every_7'), weights(workdir, 'out_every_7_straight'))
+
+
+def test_a_log_whose_last_record_lacks_its_newline_resumes_on_lines_of_their_own(workdir, straight,
+                                                                                 monkeypatch):
+    """log.jsonl whose last record, the checkpoint's step's, lost its newline (an editor, a copy): the resumed
+    run writes each record on a line of its own, keeps every record up to the checkpoint's step, and its log
+    ends as the straight run's."""
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
+                        signalling(torch.nn.utils.clip_grad_norm_, signal.SIGTERM, nth_call(5)))
+    out = 'out_no_newline'
+    train(workdir, f'--out_dir={out}', *LONG, check=False)  # stopped at step 5, and saved
+    monkeypatch.undo()
+    path = workdir / out / 'log.jsonl'
+    text = path.read_bytes()
+    assert text.endswith(b'\n') and json.loads(text.splitlines()[-1])['step'] == 5
+    path.write_bytes(text[:-1])
+    train(workdir, f'--out_dir={out}', *LONG, '--init_from=resume')
+    assert all(isinstance(json.loads(line), dict) for line in path.read_bytes().splitlines())
+    assert records(workdir, out) == straight
+
+
+def test_the_logged_training_loss_is_the_mean_over_its_interval(workdir, monkeypatch):
+    """With log_interval=5 the record of step 5 (10) holds the mean training loss of steps 1-5 (6-10), as a run
+    logging every step has them; a run stopped mid-interval (at step 8) and resumed logs the same mean at
+    step 10, its checkpoint holding steps 6-8's losses."""
+    common = ['--max_iters=10', '--eval_interval=4', '--lr_decay_iters=10']
+    train(workdir, '--out_dir=out_mean_1', *common)
+    train(workdir, '--out_dir=out_mean_5', *common, '--log_interval=5')
+    every, fives = log(workdir, 'out_mean_1', 'train_loss'), log(workdir, 'out_mean_5', 'train_loss')
+    assert list(every) == list(range(1, 11)) and list(fives) == [5, 10]
+    for step, mean in fives.items():
+        assert mean == pytest.approx(sum(every[s] for s in range(step - 4, step + 1)) / 5, rel=1e-6), step
+    assert fives[5] != every[5]
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
+                        signalling(torch.nn.utils.clip_grad_norm_, signal.SIGTERM, nth_call(8)))
+    train(workdir, '--out_dir=out_mean_resumed', *common, '--log_interval=5', check=False)  # saved at step 8
+    monkeypatch.undo()
+    assert torch.load(workdir / 'out_mean_resumed' / 'ckpt.pt', weights_only=True)['loss_since_log'][1] == 3
+    train(workdir, '--out_dir=out_mean_resumed', *common, '--log_interval=5', '--init_from=resume')
+    assert records(workdir, 'out_mean_resumed') == records(workdir, 'out_mean_5')
+
+
 def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
-    """best.pt is written before ckpt.pt: a kill between the two repeats that evaluation on resume, which
-    rewrites best.pt; a 0-byte best.pt.tmp of the killed write is removed with a line that says so, a user's
-    notes.tmp is not."""
+    """best.pt is written before ckpt.pt: after a kill between the two the run resumes from the checkpoint
+    before, and its evaluation at the next step writes best.pt again; a 0-byte best.pt.tmp of the killed write
+    is removed with a line that says so, a user's notes.tmp is not."""
     common = ['--out_dir=out_best', '--eval_interval=2', '--lr_decay_iters=4']
     train(workdir, *common, '--max_iters=2')
     ckpt = workdir / 'out_best' / 'ckpt.pt'
@@ -554,18 +884,6 @@ def test_best_checkpoint_agrees_after_a_kill_between_saves(workdir):
     assert torch.load(ckpt, weights_only=True)['iter_num'] == 4
     assert [path.name for path in (workdir / 'out_best').glob('*.tmp')] == ['notes.tmp']
     assert (workdir / 'out_best' / 'notes.tmp').read_text() == 'mine'
-
-
-def test_best_pt_is_a_copy_where_the_filesystem_has_no_hard_links(workdir, monkeypatch):
-    """ckpt.pt and best.pt come from one serialization; where a hard link fails, best.pt is a copy of it."""
-    def no_hard_links(*args, **kwargs):
-        raise OSError('hard links are not supported here')
-
-    monkeypatch.setattr(os, 'link', no_hard_links)
-    train(workdir, '--out_dir=out_no_links', '--max_iters=2', '--eval_interval=2')
-    val = log(workdir, 'out_no_links', 'val_loss')
-    best, ckpt = workdir / 'out_no_links' / 'best.pt', workdir / 'out_no_links' / 'ckpt.pt'
-    assert val[2] < val[0] and not os.path.samefile(best, ckpt) and best.read_bytes() == ckpt.read_bytes()
 
 
 def test_a_run_is_never_overwritten_by_accident(workdir):
@@ -599,6 +917,62 @@ def test_one_run_at_a_time_writes_to_an_out_dir(workdir):
     assert [r['step'] for r in records(workdir, 'out_locked') if 'val_loss' in r] == [0, 2, 4]
 
 
+HOLD_BEFORE_THE_LOCK = """import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+from vrl import locks
+hold = locks.hold
+def paused_first(*args, **kwargs):  # as if the machine paused it just before it takes out_dir's lock
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return hold(*args, **kwargs)
+locks.hold = paused_first
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_two_fresh_runs_into_one_folder_never_both_write(workdir):
+    """Two fresh runs started into one out_dir: the second is refused in one line whether the first still
+    holds the lock (it names the first's process) or has ended (its run is there), even when the second had
+    looked at the folder before the first wrote anything, and the first run's files stay as they were."""
+    common = ['--max_iters=4', '--eval_interval=2', '--lr_decay_iters=4']
+    first = subprocess.Popen([sys.executable, *stopping_at(workdir, 3), *TINY, *common, '--out_dir=out_race'],
+                             cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until_stopped(first)  # in step 3's update, holding out_race/.lock
+    one_line_error(train(workdir, *common, '--out_dir=out_race', check=False),
+                   f'train.py: another run (process {first.pid}) is writing to out_race')
+    first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=120) == 0
+    train(workdir, *common, '--out_dir=out_race_alone')
+    assert records(workdir, 'out_race') == records(workdir, 'out_race_alone')
+
+    script = workdir / 'hold_before_the_lock.py'
+    script.write_text(HOLD_BEFORE_THE_LOCK)
+    second = subprocess.Popen([sys.executable, script, REPO / 'train.py', *TINY, *common, '--seed=7',
+                               '--out_dir=out_race_2'], cwd=workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    wait_until_stopped(second)  # past every check that needs no lock, out_race_2 empty
+    train(workdir, *common, '--out_dir=out_race_2')  # the first run, start to end
+    before = snapshot(workdir / 'out_race_2')
+    second.send_signal(signal.SIGCONT)
+    stdout, stderr = second.communicate(timeout=120)
+    one_line_error(subprocess.CompletedProcess(second.args, second.returncode, stdout, stderr),
+                   'train.py: out_race_2 already holds a run (ckpt.pt, best.pt, log.jsonl)')
+    assert snapshot(workdir / 'out_race_2') == before
+    assert records(workdir, 'out_race_2') == records(workdir, 'out_race_alone')
+
+
+def test_several_slurm_tasks_without_torchrun_are_refused_in_one_line(workdir, monkeypatch):
+    """`srun python train.py` with 2 tasks would train 2 runs alone, each on GPU 0, into one out_dir:
+    refused in one line that names torchrun, before anything is written."""
+    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.delenv('RANK', raising=False)
+    before = snapshot(workdir)
+    one_line_error(train(workdir, '--out_dir=out_srun', check=False),
+                   'train.py: 2 SLURM tasks but no torchrun: each would train alone',
+                   '`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...`')
+    assert snapshot(workdir) == before
+
+
 @pytest.fixture(scope='module')
 def previous_run(workdir):
     """out_prev, a finished 2-step run; out_noopt and out_nometa, its checkpoint without the optimizer state
@@ -607,7 +981,7 @@ def previous_run(workdir):
     ckpt = workdir / 'out_prev' / 'ckpt.pt'
     for out, key in ('out_noopt', 'optimizer'), ('out_nometa', 'data_meta'):
         checkpoint = torch.load(ckpt, weights_only=True)
-        del checkpoint[key], checkpoint['checksums']  # an older train.py wrote no checksums either
+        del checkpoint[key], checkpoint['checksum']  # an older train.py wrote no checksum either
         (workdir / out).mkdir()
         torch.save(checkpoint, workdir / out / 'ckpt.pt')
     (workdir / 'out_cut').mkdir()
@@ -648,6 +1022,9 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--out_dir=out_fresh', '--data_order=epoch', '--max_iters=100000'], '100000 steps of 8 windows read',
      'prepare enough with more text, or allow repeats with --data_order=epochs'),
     (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0'),
+    (['--ckpt_interval=-1'], 'ckpt_interval=-1', 'use 0 (off) or more'),
+    (['--max_time=-5'], 'max_time=-5', 'use 0 (off) or more'),
+    (['--max_iters=1000000001'], 'max_iters=1000000001; use at most 10**9 steps'),
     (['--learning_rate=-1'], 'learning_rate=-1'), (['--learning_rate=0'], 'learning_rate=0'),
     (['--learning_rate=3e38'], 'learning_rate=3e+38', 'float32'),
     (['--min_lr=1'], 'min_lr=1.0'), (['--min_lr=-1e-4'], 'min_lr=-0.0001'),
@@ -668,7 +1045,9 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
     (['--init_from=resume', '--dataset=other_char'], 'data/other_char is not the data out_prev/ckpt.pt',
      'differs in chars, settings, source', '--dataset=tiny_char'),
     (['--init_from=resume', '--batch_size=4', '--seed=7', '--learning_rate=1e-3', '--eval_interval=3'],
-     'trained with other settings: batch_size=8 (now 4), learning_rate=0.003 (now 0.001), seed=1337 (now 7); '
+     'trained with other settings: learning_rate=0.003 (now 0.001), seed=1337 (now 7), '
+     'gradient_accumulation_steps x batch_size = 8 sequences a step (now 4), '
+     'eval_iters x batch_size = 16 sequences an evaluation (now 8); '
      'resume with the settings it was trained with'),
     (['--init_from=resume', '--warmup_iters=3', '--dtype=float32'],
      "warmup_iters=2 (now 3), dtype='auto' (now 'float32')"),
@@ -683,14 +1062,17 @@ BAD_SETTINGS = [  # each run's out_dir is out_prev (a finished run) unless it na
      "bad lr_scales=[['blocks.0.attn.c_vv.weight', 2]]", 'not parameters of this model'),
     (['--init_from=resume', '--lr_scales=[["wte.weight", 2]]'],
      "trained with other settings: lr_scales=[] (now [['wte.weight', 2]])"),
-    # a run sized for 8 GPUs stops rather than fall back to the CPU, unless the CPU is asked for by name (this
-    # one then gets as far as finding the corpus too small for its evaluation)
-    pytest.param(([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh'],
+    # the paper's first run on the small corpus: too small for its evaluation...
+    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh'],
+     'the validation split has 5 windows of 2048 tokens, fewer than the 1600 evaluation takes'),
+    # ... and, evaluating what it has, sized for 8 GPUs: it stops rather than fall back to the CPU, unless the
+    # CPU is asked for by name (this one then gets as far as finding no checkpoint to resume)
+    pytest.param(([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--eval_iters=1',
+                   '--batch_size=5', '--init_from=resume', '--out_dir=out_none'],
                   "device='auto' found no usable GPU", 'FLOPs', 'or run on the CPU anyway with --device=cpu'),
                  marks=no_cuda),
-    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--out_dir=out_fresh',
-      '--device=cpu'],
-     'the validation split has 5 windows of 2048 tokens, fewer than the 1600 evaluation takes'),
+    ([str(REPO / 'config' / 'resformer_82m.py'), '--dataset=tiny_char', '--eval_iters=1', '--batch_size=5',
+      '--init_from=resume', '--out_dir=out_none', '--device=cpu'], 'checkpoint out_none/ckpt.pt not found'),
 ]
 
 
@@ -716,7 +1098,7 @@ def test_non_finite_losses_stop_without_saving(workdir):
     assert f"ckpt.pt (step {checkpoint['iter_num']})" in result.stderr and checkpoint['iter_num'] > 0
     assert all(t.isfinite().all() for t in checkpoint['model'].values())
     result = train(workdir, '--out_dir=out_nan_once', *blow_up, '--eval_interval=10', check=False)
-    one_line_error(result, 'training loss or gradient norm became NaN or inf at step 1',
+    one_line_error(result, 'training loss or gradient norm became NaN or inf by step 1 (',
                    'stopped without saving, no checkpoint written')
     assert not (workdir / 'out_nan_once' / 'ckpt.pt').exists()
     (workdir / 'nan.py').write_text("variant = 'custom'\nvalue_residual = True\n"
@@ -734,10 +1116,10 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     appends = []
 
     def full_disk_open(path, mode='r', *args, **kwargs):
-        if str(path).endswith('log.jsonl') and mode == 'a':
+        if str(path).endswith('log.jsonl') and mode.startswith('a'):
             appends.append(path)
             if len(appends) == 4:
-                return real_open('/dev/full', 'a')  # the write fails with ENOSPC
+                return real_open('/dev/full', mode)  # the write fails with ENOSPC
         return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(builtins, 'open', full_disk_open)
@@ -755,7 +1137,7 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     tokens[::50] = 60000
     tokens.tofile(bad / 'train.bin')
     result = train(workdir, '--out_dir=out_badtoken', '--dataset=badtoken_char', '--max_iters=8', check=False)
-    one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside the vocabulary of',
+    one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside its vocabulary',
                    'python prepare.py', 'no checkpoint written')  # the cost estimate's batch, before step 0
     assert not (workdir / 'out_badtoken').exists()  # it made the folder and wrote nothing: no lock left
 
@@ -781,37 +1163,62 @@ def test_a_full_disk_at_a_checkpoint_says_so_and_leaves_no_partial_file(workdir,
         ['best.pt', 'ckpt.pt', 'log.jsonl']
 
 
-def test_save_checkpoint_false_trains_and_writes_no_checkpoint(workdir):
+def test_save_checkpoint_false_trains_and_writes_no_checkpoint(workdir, monkeypatch):
     """save_checkpoint=False (the node check's speed and fit runs): the log is written, no ckpt.pt or
-    best.pt; with init_from=resume it is refused in one line."""
+    best.pt, even when a stop signal ends the run (its line says nothing was saved); with init_from=resume
+    it is refused in one line."""
     train(workdir, '--out_dir=out_no_save', '--max_iters=2', '--eval_interval=1', '--save_checkpoint=False')
     assert sorted(p.name for p in (workdir / 'out_no_save').iterdir() if not p.name.startswith('.')) == \
         ['log.jsonl']
     assert [r['step'] for r in records(workdir, 'out_no_save') if 'val_loss' in r] == [0, 1, 2]
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
+                        signalling(torch.nn.utils.clip_grad_norm_, signal.SIGTERM, nth_call(2)))
+    result = train(workdir, '--out_dir=out_no_save_stopped', '--max_iters=4', '--save_checkpoint=False',
+                   check=False)
+    monkeypatch.undo()
+    assert result.returncode == 128 + signal.SIGTERM
+    assert stop_line(result.stdout, result.stderr) == ('train.py: stopped by SIGTERM at step 2; nothing saved '
+                                                       '(save_checkpoint=False)')
+    assert sorted(p.name for p in (workdir / 'out_no_save_stopped').iterdir() if not p.name.startswith('.')) \
+        == ['log.jsonl']
     one_line_error(train(workdir, '--out_dir=out_no_save', '--init_from=resume', '--save_checkpoint=False',
                          check=False),
                    "train.py: save_checkpoint=False with init_from='resume' would continue a run and save "
                    "none of it; drop one")
 
 
-def test_a_flipped_byte_in_a_checkpoint_is_refused_in_one_line(workdir):
-    """Every checkpoint records a CRC-32 of each of its tensors: a byte flipped in a tensor of ckpt.pt stops
-    a resume and sample.py with one line naming the file, before anything is touched."""
-    train(workdir, '--out_dir=out_flip', '--max_iters=2', '--eval_interval=2')
-    path = workdir / 'out_flip' / 'ckpt.pt'
-    assert len(torch.load(path, weights_only=True)['checksums']) > 10
-    with zipfile.ZipFile(path) as archive:  # the biggest tensor's bytes, as torch.save stored them
-        info = max(archive.infolist(), key=lambda i: i.file_size)
-    data = bytearray(path.read_bytes())
-    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
-    data[start + info.file_size // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-    log_before = (workdir / 'out_flip' / 'log.jsonl').read_bytes()
-    result = train(workdir, '--out_dir=out_flip', '--init_from=resume', '--max_iters=4', check=False)
-    one_line_error(result, 'checkpoint out_flip/ckpt.pt is damaged: its tensors no longer match the '
-                           'checksums written with them')
-    assert (workdir / 'out_flip' / 'log.jsonl').read_bytes() == log_before
-    sampled = run_script(REPO / 'sample.py', ['--out_dir=out_flip', '--max_new_tokens=2'], workdir, check=False)
+def after_key(key, opcode, skip=0):
+    """An at() for flip_a_byte: the offset of the value that follows key in a pickle, skip bytes into the
+    first `opcode` op after it (K: a 1-byte int, G: an 8-byte float)."""
+    def at(pickled):
+        pickled_key = b'X' + len(key).to_bytes(4, 'little') + key.encode()  # BINUNICODE: not a path's part
+        key_end = pickled.index(pickled_key) + len(pickled_key)
+        return pickled.index(opcode.encode(), key_end, key_end + 8) + 1 + skip
+    return at
+
+
+@pytest.mark.parametrize('flip', ['a tensor', 'iter_num', 'best_val_loss'])
+def test_a_flipped_byte_in_a_checkpoint_is_refused_in_one_line(workdir, flip):
+    """Every checkpoint records one CRC-32 of all of it: a byte flipped in ckpt.pt, in a tensor or in the
+    pickled fields beside them (the step to resume from: 2 read as 66; the best validation loss, in its
+    last bit), stops a resume and sample.py with one line naming the file, before anything is touched."""
+    out = f"out_flip_{flip.replace(' ', '_')}"
+    train(workdir, f'--out_dir={out}', '--max_iters=2', '--eval_interval=2')
+    path = workdir / out / 'ckpt.pt'
+    assert isinstance(torch.load(path, weights_only=True)['checksum'], int)
+    if flip == 'a tensor':
+        flip_a_byte(path)
+    elif flip == 'iter_num':
+        flip_a_byte(path, 'data.pkl', after_key('iter_num', 'K'))
+        assert torch.load(path, weights_only=True)['iter_num'] == 66  # a pickle that reads, wrongly
+    else:
+        flip_a_byte(path, 'data.pkl', after_key('best_val_loss', 'G', skip=7), bit=0x01)
+    log_before = (workdir / out / 'log.jsonl').read_bytes()
+    result = train(workdir, f'--out_dir={out}', '--init_from=resume', '--max_iters=4', check=False)
+    one_line_error(result, f'checkpoint {out}/ckpt.pt is damaged: it no longer matches the checksum written '
+                           f'with it')
+    assert (workdir / out / 'log.jsonl').read_bytes() == log_before
+    sampled = run_script(REPO / 'sample.py', [f'--out_dir={out}', '--max_new_tokens=2'], workdir, check=False)
     assert sampled.returncode == 1 and 'is damaged' in sampled.stderr, sampled.stderr
 
 
@@ -831,7 +1238,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_before_the_log_is_touched(work
     path = workdir / 'out_nan_ckpt' / 'ckpt.pt'
     checkpoint = torch.load(path, weights_only=True)
     checkpoint['model']['norm_f.weight'][0] = float('nan')
-    del checkpoint['checksums']  # as a checkpoint whose weights were NaN when written
+    del checkpoint['checksum']  # as a checkpoint whose weights were NaN when written
     torch.save(checkpoint, path)
     log_before = (workdir / 'out_nan_ckpt' / 'log.jsonl').read_bytes()
     result = train(workdir, '--out_dir=out_nan_ckpt', '--init_from=resume', '--max_iters=4', check=False)
@@ -864,18 +1271,22 @@ def test_a_depth_no_config_means_is_refused_at_once(workdir):
 
 
 def test_every_evaluation_scores_every_window_with_eval_full(workdir):
-    """eval_full=True (the paper's recipe): val_loss_full at every evaluation, per domain, on data kept by
-    domain; on a single corpus too, where without it no evaluation scores every window."""
+    """eval_full=True (the paper's recipe): val_loss_full at every evaluation but step 0's (random weights),
+    per domain, on data kept by domain; on a single corpus too, where without it no evaluation scores every
+    window. Its console line's loss is then every window's."""
     domain_data(workdir)
-    train(workdir, '--dataset=domains_char', '--out_dir=out_eval_full', '--max_iters=2', '--eval_interval=1',
-          '--lr_decay_iters=2', '--eval_full=True')
+    result = train(workdir, '--dataset=domains_char', '--out_dir=out_eval_full', '--max_iters=2',
+                   '--eval_interval=1', '--lr_decay_iters=2', '--eval_full=True')
     evaluations = [r for r in records(workdir, 'out_eval_full') if 'val_loss' in r]
-    assert [r['step'] for r in evaluations if 'val_loss_full' in r] == [0, 1, 2]
-    assert all(list(r['val_loss_full_domains']) == list(DOMAINS) for r in evaluations)
+    assert [r['step'] for r in evaluations] == [0, 1, 2]
+    full = [r for r in evaluations if 'val_loss_full' in r]
+    assert [r['step'] for r in full] == [1, 2]
+    assert all(list(r['val_loss_full_domains']) == list(DOMAINS) for r in full)
+    assert f"step 2: val loss {full[-1]['val_loss_full']:.4f} (all 95 windows) (best " in result.stdout
     train(workdir, '--out_dir=out_eval_full_one', '--max_iters=2', '--eval_interval=1', '--eval_full=True')
-    one = [r for r in records(workdir, 'out_eval_full_one') if 'val_loss' in r]
+    one = [r for r in records(workdir, 'out_eval_full_one') if 'val_loss_full' in r]
     tokens = len(np.fromfile(workdir / 'data' / 'tiny_char' / 'val.bin', dtype=np.uint16))
-    assert [r['val_windows_full'] for r in one] == [len(range(0, tokens - 32, 32))] * 3
+    assert [r['val_windows_full'] for r in one] == [len(range(0, tokens - 32, 32))] * 2
 
 
 COUNT_RECOMPILES = """import json, os, runpy, sys
@@ -897,9 +1308,9 @@ def test_a_compiled_whole_split_evaluation_with_a_padded_piece_does_not_recompil
     domain_data(workdir)
     script = workdir / 'count_recompiles.py'
     script.write_text(COUNT_RECOMPILES)
-    result = run([script, REPO / 'train.py', '--dataset=domains_char', '--out_dir=out_compiled_full',
-                  '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=2', '--micro_batch_size=4',
-                  '--eval_full=True', '--compile=True', '--overwrite=True', *TINY[1:]], workdir,
+    result = run([script, REPO / 'train.py', *TINY[1:], '--dataset=domains_char', '--batch_size=4',
+                  '--out_dir=out_compiled_full', '--max_iters=2', '--eval_interval=2', '--lr_decay_iters=2',
+                  '--eval_full=True', '--compile=True', '--overwrite=True'], workdir,
                  env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_LOGS='recompiles'), timeout=600)
     recompiles = result.stderr.count('Recompiling function')
     reasons = [line for line in result.stderr.splitlines() if 'stride' in line or 'size mismatch' in line]
@@ -926,10 +1337,11 @@ def torchrun(workdir, *args, script=(REPO / 'train.py',), **kw):
                workdir, env=env, **kw)
 
 
-DDP_SETUPS = {  # the same global batch of 16 sequences: 2 micro-batches of 8, or one of 8 on each of 2 ranks
-    'accumulate 2 x 8': [*TINY, '--gradient_accumulation_steps=2'],
-    # the shipped config as written (1 x 16: half a micro-batch per rank), on the small model and corpus
-    'config/shakespeare_char.py': [REPO / 'config' / 'shakespeare_char.py', *TINY, '--batch_size=16'],
+DDP_SETUPS = {  # the same 16 sequences a step on one process and on 2 ranks
+    # 4 passes of 4: each rank accumulates 2 (its gradients all-reduced in the second's backward alone)
+    'accumulate 4 x 4': [*TINY, '--gradient_accumulation_steps=4', '--batch_size=4'],
+    # the shipped config's 16 sequences a step as 2 passes of 8 (one a rank), on the small model and corpus
+    'config/shakespeare_char.py': [REPO / 'config' / 'shakespeare_char.py', *TINY, *TWO_PASSES],
 }
 
 
@@ -960,11 +1372,12 @@ def test_ddp_matches_single_process(workdir, setup):
 
 
 def test_a_failing_rank_ends_every_rank(workdir):
-    """Rank 0 cannot write its checkpoint while rank 1 waits in an all-reduce: both end, with rank 0's
+    """Rank 0 cannot write its checkpoint while rank 1 waits for it (a barrier): both end, with rank 0's
     message, printed once, as the root cause in torchrun's closing summary (its last lines); no traceback of
     ours."""
     (workdir / 'out_ddp_fail' / 'ckpt.pt.tmp').mkdir(parents=True)
-    result = torchrun(workdir, *TINY, '--out_dir=out_ddp_fail', '--max_iters=4', check=False, timeout=60)
+    result = torchrun(workdir, *TINY, *TWO_PASSES, '--out_dir=out_ddp_fail', '--max_iters=4', check=False,
+                      timeout=60)
     assert result.returncode != 0
     assert 'train.py: cannot write out_ddp_fail/ckpt.pt' in result.stderr, result.stderr[-3000:]
     assert result.stderr.count('train.py: cannot write') == 1 and 'train.py", line' not in result.stderr
@@ -977,7 +1390,8 @@ def test_a_failing_rank_ends_every_rank(workdir):
 def test_a_bad_setting_under_torchrun_is_said_once_by_rank_0(workdir):
     """Every rank checks the settings before the process group starts, and fails alike: the one line is
     printed once, by rank 0, right after the settings, not once per rank before torchrun's summary."""
-    result = torchrun(workdir, *TINY, '--out_dir=out_ddp_bad', '--eval_iters=0', check=False, timeout=120)
+    result = torchrun(workdir, *TINY, *TWO_PASSES, '--out_dir=out_ddp_bad', '--eval_iters=0', check=False,
+                      timeout=120)
     line = 'train.py: eval_iters=0; use 1 or more validation batches'
     assert result.returncode != 0 and (result.stdout + result.stderr).count(line) == 1, result.stderr[-2000:]
     assert not (workdir / 'out_ddp_bad').exists()
@@ -992,8 +1406,8 @@ def rank_pid(torchrun_pid, rank):
 
 @pytest.fixture(scope='module')
 def ddp_straight(workdir):
-    """out_ddp_straight: torchrun with 2 ranks, 40 steps without a break."""
-    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_straight')
+    """out_ddp_straight: torchrun with 2 ranks, 40 steps of 2 passes (one a rank) without a break."""
+    torchrun(workdir, *TINY, *TWO_PASSES, *LONG, '--out_dir=out_ddp_straight')
     return records(workdir, 'out_ddp_straight')
 
 
@@ -1003,20 +1417,23 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
     weights. The save takes 35 s (a 1.6B checkpoint is about 20 GB), longer than torchrun waits after a rank
     exits before it kills the others (30 s): rank 1 must wait for rank 0's save instead of exiting at once."""
     process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                                '--nproc_per_node=2', *stopping_at(workdir, 5, rank=1), *TINY, *LONG,
-                                '--out_dir=out_ddp_term'], cwd=workdir,
+                                '--nproc_per_node=2', *stopping_at(workdir, 5, rank=1), *TINY, *TWO_PASSES,
+                                *LONG, '--out_dir=out_ddp_term'], cwd=workdir,
                                env=dict(os.environ, OMP_NUM_THREADS='1', SLOW_SAVE='35'),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank_1 = wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
     os.kill(rank_1, signal.SIGTERM)
     os.kill(rank_1, signal.SIGCONT)
-    stderr = process.communicate(timeout=180)[1]
+    output = ''.join(process.communicate(timeout=180))
     step = torch.load(workdir / 'out_ddp_term' / 'ckpt.pt', weights_only=True)['iter_num']
-    assert step == 5 and stderr.count('train.py: stopped by SIGTERM') == 1, stderr[-3000:]
-    assert f'train.py: stopped by SIGTERM at step {step}; saved out_ddp_term/ckpt.pt' in stderr
+    assert step == 5 and output.count('train.py: stopped by SIGTERM') == 1, output[-3000:]
+    assert (f'train.py: stopped by SIGTERM at step {step}; saved out_ddp_term/ckpt.pt; continue with '
+            f'--init_from=resume') in output.splitlines()
+    # torchrun's closing summary (its own traceback), none of ours
+    assert 'train.py", line' not in output and process.returncode != 0
     assert not list((workdir / 'out_ddp_term').glob('*.tmp'))
     assert max(log(workdir, 'out_ddp_term', 'train_loss')) == step
-    torchrun(workdir, *TINY, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
+    torchrun(workdir, *TINY, *TWO_PASSES, *LONG, '--out_dir=out_ddp_term', '--init_from=resume')
     assert records(workdir, 'out_ddp_term') == ddp_straight
     assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
 
@@ -1031,15 +1448,15 @@ def two_nodes(workdir, *args, node_1=(), script=(REPO / 'train.py',)):
                               '--nproc_per_node=1', f'--node_rank={node}', '--master_addr=localhost',
                               f'--master_port={port}', *script, *args, *(node_1 if node else ())],
                              cwd=workdir, env=dict(os.environ, OMP_NUM_THREADS='1'),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for node in (0, 1)]
 
 
 def ended(nodes, code=0):
-    """Both nodes' stderr, once each has exited with code."""
-    stderrs = [node.communicate(timeout=120)[1] for node in nodes]
-    assert [node.returncode for node in nodes] == [code, code], stderrs[0][-3000:] + stderrs[1][-3000:]
-    return stderrs
+    """Both nodes' output (stdout, then stderr), once each has exited with code."""
+    outputs = [''.join(node.communicate(timeout=120)) for node in nodes]
+    assert [node.returncode for node in nodes] == [code, code], outputs[0][-3000:] + outputs[1][-3000:]
+    return outputs
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -1049,50 +1466,33 @@ def test_two_nodes_train_as_one_and_resume_after_sigterm_to_node_1(workdir, ddp_
     global rank 0 writes: node 1's rank, given an out_dir of its own, never makes it. SIGTERM to node 1's rank
     stops both at one step, rank 0 saves it once (into out_dir, which a resume needs on a shared file system),
     and the resumed run ends as the straight one."""
-    ended(two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n', node_1=['--out_dir=out_2n_node_1']))
+    ended(two_nodes(workdir, *TINY, *TWO_PASSES, *LONG, '--out_dir=out_2n',
+                    node_1=['--out_dir=out_2n_node_1']))
     assert records(workdir, 'out_2n') == ddp_straight and not (workdir / 'out_2n_node_1').exists()
     assert_same_weights(weights(workdir, 'out_2n'), weights(workdir, 'out_ddp_straight'))
 
-    nodes = two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n_term', script=stopping_at(workdir, 5, rank=1))
+    nodes = two_nodes(workdir, *TINY, *TWO_PASSES, *LONG, '--out_dir=out_2n_term',
+                      script=stopping_at(workdir, 5, rank=1))
     rank_1 = wait_until_stopped(nodes[1], lambda: rank_pid(nodes[1].pid, 1))
     os.kill(rank_1, signal.SIGTERM)
     os.kill(rank_1, signal.SIGCONT)
-    stderrs = ended(nodes, code=1)
-    assert 'train.py: stopped by SIGTERM at step 5; saved out_2n_term/ckpt.pt' in stderrs[0], stderrs[0]
-    assert ''.join(stderrs).count('train.py: stopped by SIGTERM') == 1
-    ended(two_nodes(workdir, *TINY, *LONG, '--out_dir=out_2n_term', '--init_from=resume'))
+    outputs = ended(nodes, code=1)
+    assert 'train.py: stopped by SIGTERM at step 5; saved out_2n_term/ckpt.pt' in outputs[0], outputs[0]
+    assert ''.join(outputs).count('train.py: stopped by SIGTERM') == 1
+    ended(two_nodes(workdir, *TINY, *TWO_PASSES, *LONG, '--out_dir=out_2n_term', '--init_from=resume'))
     assert records(workdir, 'out_2n_term') == ddp_straight
     assert_same_weights(weights(workdir, 'out_2n_term'), weights(workdir, 'out_ddp_straight'))
 
 
-STEP_CLOCK = """import os, runpy, sys, time
-import tqdm  # keeps the real clock
-from torch.optim.optimizer import register_optimizer_step_post_hook
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-updates = reads = 0
-def count_update(optimizer, args, kwargs):
-    global updates
-    updates += any(group['lr'] for group in optimizer.param_groups)  # not the estimate's, at rate 0
-def step_clock():
-    global reads
-    reads += 1
-    return updates + 1e-9 * reads  # one second a step, and never the same time twice
-register_optimizer_step_post_hook(count_update)
-time.time = step_clock
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
-
-
 def test_mfu_is_per_gpu(workdir):
-    """MFU is one GPU's: 2 ranks that each train on as many tokens a second as one process report that
-    process's MFU, and twice its tokens/s (the job's). Every step takes one second of a clock that the
-    optimizer's steps advance, on any machine."""
+    """MFU is one GPU's: 2 ranks that each train on as many tokens a second as one process (a pass of 8
+    sequences a step) report that process's MFU, and twice its tokens/s (the job's). Every step takes one
+    second of a clock that the optimizer's steps advance, on any machine."""
     clock = workdir / 'step_clock.py'
     clock.write_text(STEP_CLOCK)
     common = [*TINY, '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3', '--peak_tflops=1']
     run([clock, REPO / 'train.py', *common, '--out_dir=out_mfu_one'], workdir)
-    torchrun(workdir, *common, '--batch_size=16', '--out_dir=out_mfu_two', script=(clock, REPO / 'train.py'))
+    torchrun(workdir, *common, *TWO_PASSES, '--out_dir=out_mfu_two', script=(clock, REPO / 'train.py'))
     one, two = (log(workdir, out, 'mfu') for out in ('out_mfu_one', 'out_mfu_two'))
     assert list(one) == list(two) == [1, 2, 3] and all(one[s] > 0 for s in one)
     assert all(two[s] == pytest.approx(one[s], rel=1e-6) for s in one), (one, two)
@@ -1119,7 +1519,7 @@ def test_compiled_ddp_matches_one_compiled_process(workdir):
     script = workdir / 'counted_compiles.py'
     script.write_text(COUNTED_COMPILES)
     common = [*TINY, '--compile=True', '--max_iters=3', '--eval_interval=3', '--lr_decay_iters=3',
-              '--micro_batch_size=4']
+              '--gradient_accumulation_steps=2', '--batch_size=4']
     single = run([REPO / 'train.py', *common, '--out_dir=out_compiled_one'], workdir,
                  env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_LOGS='recompiles'))
     assert 'Recompiling' in single.stderr and 'size mismatch' not in single.stderr, single.stderr[-3000:]
@@ -1131,58 +1531,91 @@ def test_compiled_ddp_matches_one_compiled_process(workdir):
     assert all(abs(one[s] - two[s]) < 1e-5 for s in one), (one, two)
 
 
+def train_py(*names):
+    """The module-level statements of train.py that assign names, compiled: what a test runs is train.py's own
+    code for them (DDP's options, each rank's share of a step)."""
+    tree = ast.parse((REPO / 'train.py').read_text())
+    nodes = [node for node in tree.body if isinstance(node, ast.Assign)
+             and any(isinstance(target, ast.Name) and target.id in names for target in node.targets)]
+    assert len(nodes) == len(names), names
+    return compile(ast.Module(nodes, type_ignores=[]), 'train.py', 'exec')
+
+
+def paper_model(config_file, vocab_size=50304):
+    """The model a config file's settings build, on the meta device (no memory), and the settings."""
+    config = configure(train_defaults(), [str(config_file)], verbose=False)
+    with torch.device('meta'):
+        return build_model(AblationConfig(**{f.name: config[f.name] for f in fields(AblationConfig)
+                                             if f.name in config}, vocab_size=vocab_size)), config
+
+
 def test_ddp_buckets_hold_about_one_block():
     """DDP's gradient buckets hold about one block each, so a compiled 1.6B model's graph is cut into a few
     dozen pieces rather than hundreds, and gradients are views into them (no second copy)."""
-    gradient_buckets = data_parallel.gradient_buckets
     for name in ('resformer_82m.py', 'resformer_1b6.py'):
-        settings = configure(train_defaults(), [str(REPO / 'config' / name)], verbose=False)
-        with torch.device('meta'):
-            model = GPT(GPTConfig(**{f.name: settings[f.name] for f in fields(GPTConfig)
-                                     if f.name in settings}))
-        options = gradient_buckets(model)
-        buckets = 4 * model.num_params() / 2 ** 20 / options['bucket_cap_mb']
-        assert (options['gradient_as_bucket_view']
-                and settings['n_layer'] / 2 < buckets < 2 * settings['n_layer'])
+        raw_model, config = paper_model(REPO / 'config' / name)
+        scope = {'raw_model': raw_model}
+        exec(train_py('block_mb'), scope)
+        buckets = 4 * raw_model.num_params() / 2 ** 20 / max(25, scope['block_mb'])
+        assert config['n_layer'] / 2 < buckets < 2 * config['n_layer'], (name, buckets)
+    ddp = next(node for node in ast.walk(ast.parse((REPO / 'train.py').read_text()))
+               if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'DDP')
+    options = {keyword.arg: ast.unparse(keyword.value) for keyword in ddp.keywords if keyword.arg}
+    assert options['gradient_as_bucket_view'] == 'True' and options['bucket_cap_mb'] == 'max(25, block_mb)'
 
 
 def test_ddp_gets_the_buffer_keyword_its_torch_has():
     """forward_sync_buffers where DDP has it (recent torch), else broadcast_buffers (older torch)."""
-    buffer_sync_off = data_parallel.buffer_sync_off
-    assert buffer_sync_off(['module', 'device_ids', 'broadcast_buffers']) == {'broadcast_buffers': False}
-    installed = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
-    assert buffer_sync_off(installed).keys() <= installed.keys()
+    class OlderDDP:
+        def __init__(self, module, device_ids=None, broadcast_buffers=True):
+            pass
+
+    installed = torch.nn.parallel.DistributedDataParallel
+    for ddp in OlderDDP, installed:
+        scope = {'inspect': inspect, 'DDP': ddp}
+        exec(train_py('no_sync'), scope)
+        assert scope['no_sync'] in inspect.signature(ddp).parameters
+        if ddp is OlderDDP:
+            assert scope['no_sync'] == 'broadcast_buffers'
 
 
-def test_every_config_splits_its_batch_over_2_4_8_ranks():
-    """Each rank gets an equal, contiguous share of the global batch
-    in micro-batches of at most batch_size."""
-    micro_batches = data.micro_batches
+def test_every_config_splits_its_steps_over_the_ranks_it_runs_on():
+    """nanoGPT's meaning: gradient_accumulation_steps counts the passes of a step over all ranks together, so
+    a config for torchrun's 8 GPUs has a multiple of 8 (and so runs on 1, 2, 4 or 8), and each rank takes an
+    equal, contiguous share of the step's sequences in passes of batch_size; a count that does not split is
+    refused in one line."""
     for path in sorted((REPO / 'config').glob('*.py')):
-        settings = configure(train_defaults(), [str(path)], verbose=False)
-        batch_size, global_batch = (settings['batch_size'],
-                                    settings['gradient_accumulation_steps'] * settings['batch_size'])
-        for world_size in (1, 2, 4, 8):
-            ranks = [micro_batches(global_batch, world_size, rank, batch_size) for rank in range(world_size)]
-            pieces = [piece for rank in ranks for piece in rank]
-            assert ([start for start, _ in pieces]
-                    == [0] + [stop for _, stop in pieces[:-1]]), (path, world_size)
-            assert pieces[-1][1] == global_batch and all(0 < stop - start <= batch_size
-                                                         for start, stop in pieces)
-            assert len({len(rank) for rank in ranks}) == 1  # every rank runs the same number of micro-batches
-    with pytest.raises(SystemExit, match=r'^train.py: the global batch.* 12 sequences.*multiple of 8$'):
-        micro_batches(12, 8, 0, 4)
+        config = configure(train_defaults(), [str(path)], verbose=False)
+        passes, batch_size = config['gradient_accumulation_steps'], config['batch_size']
+        for world_size in (1, 2, 4, 8) if 'torchrun' in path.read_text() else (1,):
+            settings.check_settings(config, world_size)
+            shares = []
+            for rank in range(world_size):
+                scope = {'global_batch': passes * batch_size, 'ddp_world_size': world_size, 'ddp_rank': rank,
+                         'batch_size': batch_size}
+                exec(train_py('rank_share', 'rank_passes'), scope)
+                shares.append(scope['rank_passes'])
+            pieces = [piece for share in shares for piece in share]
+            assert [start for start, _ in pieces] == [0] + [stop for _, stop in pieces[:-1]], (path, world_size)
+            assert pieces[-1][1] == passes * batch_size and len(pieces) == passes
+            assert all(stop - start == batch_size for start, stop in pieces)
+            assert len({len(share) for share in shares}) == 1  # every rank runs as many passes
+    config = configure(train_defaults(), ['--gradient_accumulation_steps=12'], verbose=False)
+    with pytest.raises(SystemExit, match=r'^train.py: gradient_accumulation_steps=12 passes a step do not '
+                                         r'split over 8 ranks; use a multiple of 8 '):
+        settings.check_settings(config, 8)
 
 
 def test_help_explains_every_model_flag(workdir):
-    """--help prints each setting's comment: every model flag has one, and variant's names every preset."""
+    """--help prints each setting's comment: every model flag has one, and variant's names every preset, the
+    paper's (model.py) and the baselines' (ablations.py)."""
     text = train_here(workdir, ['--help']).stdout
-    flags = [f.name for f in fields(GPTConfig) if f.name in train_defaults()]
+    flags = [f.name for f in fields(AblationConfig) if f.name in train_defaults()]
     comments = {line.split()[0].split('=')[0]: line.split(maxsplit=1)[1:] for line in text.splitlines()
                 if line.startswith('  --')}
-    assert len(flags) > 15 and [flag for flag in flags if not comments[f'--{flag}']] == []
-    variant = comments['--variant'][0]
-    assert all(name.split('_')[-1] in variant for name in VARIANTS), variant
+    assert len(flags) > 20 and [flag for flag in flags if not comments[f'--{flag}']] == []
+    variant = ' '.join(comments['--variant'])
+    assert [name for name in [*VARIANTS, *BASELINES] if name.split('_')[-1] not in variant] == [], variant
 
 
 PAPER_SIZES = {'resformer_82m.py': 82e6, 'resformer_180m.py': 180e6, 'resformer_468m.py': 468e6,
@@ -1193,15 +1626,12 @@ PAPER_SIZES = {'resformer_82m.py': 82e6, 'resformer_180m.py': 180e6, 'resformer_
 def test_config_files_load_and_build_their_model(path):
     """Every config file names only real settings, builds a valid model,
     and the paper's give the paper's sizes."""
-    settings = configure(train_defaults(), [str(path)], verbose=False)
-    assert settings['block_size'] >= 128 and settings['max_iters'] == settings['lr_decay_iters']
-    model_args = {f.name: settings[f.name] for f in fields(GPTConfig) if f.name in settings}
-    with torch.device('meta'):
-        model = GPT(GPTConfig(**model_args, vocab_size=50304))
+    model, config = paper_model(path)
+    assert config['block_size'] >= 128 and config['max_iters'] == config['lr_decay_iters']
     if path.name in PAPER_SIZES:
         assert abs(model.num_params() / PAPER_SIZES[path.name] - 1) < 0.03, model.num_params()
         # the paper's global batch
-        assert settings['batch_size'] * settings['gradient_accumulation_steps'] == 1024
+        assert config['batch_size'] * config['gradient_accumulation_steps'] == 1024
 
 
 # the other process in the next test: holds a lock through vrl/locks.py, says so, and waits for a line on stdin
@@ -1275,13 +1705,14 @@ print(f"rank {os.environ['RANK']}: views at {sum(seen)} of {len(seen)} forward p
 
 def test_ddp_gradients_stay_views_into_its_buckets(workdir):
     """Under DDP (gradient_as_bucket_view), from the first update on, every parameter's gradient lives in one
-    of DDP's buckets at every forward pass, micro-steps without a sync included: zeroed, never freed, so no
-    step allocates a second copy of the gradients for DDP to copy in."""
+    of DDP's buckets at every forward pass, passes without a sync included: zeroed, never freed, so no step
+    allocates a second copy of the gradients for DDP to copy in."""
     script = workdir / 'grad_views.py'
     script.write_text(GRAD_VIEWS)
-    result = torchrun(workdir, *TINY, '--max_iters=3', '--eval_interval=3', '--micro_batch_size=2',
-                      '--out_dir=out_views', script=(script, REPO / 'train.py'))
-    # steps 2 and 3: 2 micro-steps of 2 sequences a rank; at step 3, 8 validation windows a rank
+    result = torchrun(workdir, *TINY, '--max_iters=3', '--eval_interval=3', '--gradient_accumulation_steps=4',
+                      '--batch_size=2', '--eval_iters=8', '--out_dir=out_views',
+                      script=(script, REPO / 'train.py'))
+    # steps 2 and 3: 2 passes of 2 sequences a rank; at step 3, 16 validation windows: 4 passes of 2 a rank
     for rank in (0, 1):
         assert f'rank {rank}: views at 8 of 8 forward passes after step 1' in result.stdout, result.stdout
 
@@ -1303,8 +1734,8 @@ def test_the_compiled_training_step_makes_no_logits_gradient():
     x, y = torch.randint(64, (2, 16)), torch.randint(64, (2, 16))
     backend = aot_autograd(fw_compiler=lambda graph, _: make_boxed_func(graph), bw_compiler=backward_compiler)
     torch._dynamo.reset()
-    torch.compile(model, backend=backend)(x, y)[1].backward()
-    with_logits = torch.compile(lambda x, y: (model(x)[0], model(x, y)[1]), backend=backend)
+    torch.compile(model, backend=backend)(x, y).backward()
+    with_logits = torch.compile(lambda x, y: (model(x), model(x, y)), backend=backend)
     with_logits(x, y)[1].backward()
     assert tangents == [[()], [(2, 16, 64), ()]], tangents
 
@@ -1380,23 +1811,24 @@ def test_resuming_with_max_iters_below_the_checkpoints_step_leaves_it_alone(work
 
 
 # ------------------------------------------------------------------------------------------------------------
-# optimizer='muon'
+# muon=True
 
-MUON = ['--optimizer=muon', '--muon_lr=0.02', '--max_iters=8', '--eval_interval=4', '--lr_decay_iters=8']
+# 2 passes a step, so that one process and 2 ranks train on the same 16 sequences a step
+MUON = ['--muon=True', '--muon_lr=0.02', '--max_iters=8', '--eval_interval=4', '--lr_decay_iters=8', *TWO_PASSES]
 
 
 @pytest.mark.parametrize('flag, table', [('value_embeds', 'attn.value_embed.'), ('value_bank', 'attn.bank.')])
 def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(flag, table):
-    model = GPT(GPTConfig(vocab_size=64, n_layer=3, n_head=2, n_embd=32, block_size=16, value_residual=True,
-                          lambda_mode='learnable', **{flag: True}))
+    model = build_model(AblationConfig(vocab_size=64, n_layer=3, n_head=2, n_embd=32, block_size=16,
+                                       value_residual=True, lambda_mode='learnable', **{flag: True}))
     optimizer = configure_optimizers(model, 0.1, 2e-3, (0.9, 0.95), 'cpu', [['blocks.0.attn.c_q.weight', 2.0]],
-                                           muon=(0.02, 'original'))
+                                     muon=(0.02, 'original'))
     muon = {id(p) for group in optimizer.muon.param_groups for p in group['params']}
     adamw = {id(p) for group in optimizer.adamw.param_groups for p in group['params']}
     names = {id(p): name for name, p in model.named_parameters()}
     linear = {id(m.weight) for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)}
     assert muon == linear and not muon & adamw and muon | adamw == set(names)
-    assert {names[i] for i in adamw} >= {'wte.weight', 'lm_head.weight', 'lambda_v1', 'lambda_vn', 'norm_f.weight'}
+    assert {names[i] for i in adamw} >= {'wte.weight', 'lm_head.weight', 'lambda_1', 'lambda_2', 'norm_f.weight'}
     assert any(table in names[i] for i in adamw) and not any(table in names[i] for i in muon)
     # one schedule: learning_rate's multiple lr_scale, Muon's at muon_lr (twice that where lr_scales says so)
     scales = {names[id(p)]: group['lr_scale'] for group in optimizer.param_groups for p in group['params']}
@@ -1405,13 +1837,15 @@ def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(flag, ta
 
 
 def test_muon_resumes_exactly_in_one_process_and_on_two_ranks(workdir):
+    """Muon's momenta are in the checkpoint: 8 steps == 4, stop, resume, bit for bit, on one process and on
+    2 ranks (whose replicas stay identical), and the two agree."""
     train(workdir, '--out_dir=out_muon', *MUON)
-    train(workdir, '--out_dir=out_muon_resumed', *MUON, '--max_iters=3')
+    train(workdir, '--out_dir=out_muon_resumed', *MUON, '--max_iters=4')
     train(workdir, '--out_dir=out_muon_resumed', *MUON, '--init_from=resume')
     assert records(workdir, 'out_muon_resumed') == records(workdir, 'out_muon')
     assert_same_weights(weights(workdir, 'out_muon_resumed'), weights(workdir, 'out_muon'))
     torchrun(workdir, *TINY, *MUON, '--out_dir=out_muon_ddp')
-    torchrun(workdir, *TINY, *MUON, '--max_iters=3', '--out_dir=out_muon_ddp_resumed')
+    torchrun(workdir, *TINY, *MUON, '--max_iters=4', '--out_dir=out_muon_ddp_resumed')
     result = torchrun(workdir, *TINY, *MUON, '--init_from=resume', '--out_dir=out_muon_ddp_resumed')
     assert 'weights across 2 ranks differ by at most 0' in result.stdout  # every rank's update the same
     assert records(workdir, 'out_muon_ddp_resumed') == records(workdir, 'out_muon_ddp')
@@ -1433,7 +1867,7 @@ def test_compiled_muon_matches_eager(workdir):
 
 def test_muon_on_a_torch_without_it_is_one_line(workdir, monkeypatch):
     monkeypatch.delattr(torch.optim, 'Muon')
-    result = train(workdir, '--optimizer=muon', '--out_dir=out_no_muon', check=False)
-    one_line_error(result, "train.py: optimizer='muon' needs torch.optim.Muon, in torch 2.9 and later "
+    result = train(workdir, '--muon=True', '--out_dir=out_no_muon', check=False)
+    one_line_error(result, "train.py: muon=True needs torch.optim.Muon, in torch 2.9 and later "
                            f"(this is torch {torch.__version__})")
     assert not (workdir / 'out_no_muon').exists()

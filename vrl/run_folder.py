@@ -344,7 +344,8 @@ def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config
     if saved_meta != data_meta and not eval_only:
         differ = sorted(key for key in saved_meta.keys() | data_meta.keys()
                         if saved_meta.get(key) != data_meta.get(key))
-        raise SystemExit(f"train.py: {config['data_dir']} is not the data {ckpt_path} was trained on "
+        data_dir = os.path.join('data', config['dataset'])  # (train.py's config has no data_dir)
+        raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on "
                          f"(meta.json differs in {', '.join(differ)}); resume with "
                          f"--dataset={saved_config['dataset']} as it was prepared, or start over with "
                          f"--overwrite=True")
