@@ -206,12 +206,9 @@ def checksum(checkpoint):
     crc = 0
     def walk(value):
         nonlocal crc
-        if isinstance(value, torch.Tensor):  # a flat copy where strided (a 1-element slice may be)
-            flat = value.detach().reshape(-1).cpu()
-            if flat.numel() and flat.stride(0) != 1:
-                flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+        if isinstance(value, torch.Tensor):
             crc = zlib.crc32(f"tensor {value.dtype} {tuple(value.shape)}".encode(), crc)
-            crc = zlib.crc32(flat.view(torch.uint8).numpy(), crc)
+            crc = zlib.crc32(tensor_bytes(value), crc)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if key not in ('checksum', 'checksums'):
@@ -239,12 +236,15 @@ def tensor_checksums(checkpoint):
         elif isinstance(value, (list, tuple)):
             for item in value:
                 yield from tensors(item)
-    def as_bytes(tensor):
-        flat = tensor.detach().reshape(-1).cpu()
-        if flat.numel() and flat.stride(0) != 1:
-            flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
-        return flat.view(torch.uint8).numpy()
-    return [zlib.crc32(as_bytes(t)) for t in tensors(checkpoint)]
+    return [zlib.crc32(tensor_bytes(t)) for t in tensors(checkpoint)]
+
+
+def tensor_bytes(tensor):
+    """A tensor's bytes, for a checksum: a flat copy where it is strided (a 1-element slice may be)."""
+    flat = tensor.detach().reshape(-1).cpu()
+    if flat.numel() and flat.stride(0) != 1:
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat.view(torch.uint8).numpy()
 
 
 def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
