@@ -475,24 +475,37 @@ def has_train_curve(path):
     return bool(json.loads(path.read_text()).get('train_curve'))
 
 
+def write_whole(path, text):
+    """Write text to path through a temporary file, so a kill leaves the old file or the new, never half."""
+    Path(f'{path}.tmp').write_text(text)
+    os.replace(f'{path}.tmp', path)
+
+
+def started_by_today(started_by, today):
+    """Whether probe.json says today's code started the run folder (an unreadable one says it did not)."""
+    try:
+        return json.loads(started_by.read_text()) == today
+    except (OSError, ValueError):
+        return False
+
+
 def run_one(settings, run_dir, summary_path, env):
     """Train one run to its end (resuming from run_dir/ckpt.pt when today's code started it),
     then write its summary."""
     today = probe(settings)
     started_by = run_dir / 'probe.json'  # the probe of the code that started the checkpoint
-    resume = (run_dir / 'ckpt.pt').exists() and started_by.exists() \
-        and json.loads(started_by.read_text()) == today
+    resume = (run_dir / 'ckpt.pt').exists() and started_by_today(started_by, today)
     if run_dir.exists() and not resume:
         # killed before its first checkpoint, or trained by other code: nothing to keep
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    started_by.write_text(json.dumps(today))
+    write_whole(started_by, json.dumps(today))
     seconds_path = run_dir / 'seconds'  # wall time over every attempt, resumed ones included
     t0 = time.time()
     with open(run_dir / 'train.out', 'a') as out:
         returncode = train(train_command(settings, run_dir, resume), env, out)
     seconds = time.time() - t0 + (float(seconds_path.read_text()) if seconds_path.exists() else 0.0)
-    seconds_path.write_text(f'{seconds:.1f}')
+    write_whole(seconds_path, f'{seconds:.1f}')
     if returncode != 0:
         last = (run_dir / 'train.out').read_text().strip().splitlines()[-1:] or ['(no output)']
         return f"exit {returncode}: {last[0][-300:]}"
@@ -505,8 +518,7 @@ def run_one(settings, run_dir, summary_path, env):
         except (OSError, ValueError, AttributeError):  # unreadable (cut short): nothing to compare
             pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.with_suffix('.tmp').write_text(json.dumps(summary, indent=1))
-    os.replace(summary_path.with_suffix('.tmp'), summary_path)
+    write_whole(summary_path, json.dumps(summary, indent=1))
     return None
 
 

@@ -177,6 +177,24 @@ def test_runner_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monke
             and commands == [])  # all done now
 
 
+def test_a_cut_short_probe_json_restarts_its_run_and_probe_json_is_written_whole(tmp_path, monkeypatch):
+    """probe.json says which code started a run folder. Cut short (a kill while it was written, before it was
+    written whole), the run cannot be trusted to resume: it restarts, with no traceback, and the new probe.json
+    and summary are whole files with no temporary beside them."""
+    commands = fake_training(monkeypatch)
+    runs = reproduce.suite_runs('variants', 'cpu', [1337])[:1]
+    results, runs_dir = tmp_path / 'results', tmp_path / 'runs'
+    name = runs[0][1]
+    (runs_dir / name).mkdir(parents=True)
+    (runs_dir / name / 'ckpt.pt').write_bytes(b'a checkpoint')
+    (runs_dir / name / 'probe.json').write_text('[4.0, 3.9, 3.')
+    assert reproduce.run_suite(runs, runs_dir, results, gpus=0, jobs=1) == {}
+    assert trained_runs(commands) == [(name, False)]
+    assert json.loads((runs_dir / name / 'probe.json').read_text()) == reproduce.probe(runs[0][2])
+    assert json.loads((results / 'runs' / f'{name}.json').read_text())['final_val_loss'] == 2.0
+    assert not list(runs_dir.glob('*/*.tmp')) and not list(results.glob('runs/*.tmp'))
+
+
 def test_run_names_identify_settings():
     """Equal settings share a run across suites; different ones never collide."""
     names = {name for suite in reproduce.SUITES
