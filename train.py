@@ -264,6 +264,11 @@ def checkpoint():
             'iter_num': iter_num, 'best_val_loss': best_val_loss, 'last_eval': last_eval,
             'data_meta': data.meta, 'loss_since_log': (loss_since_log.item(), steps_since_log)}
 
+def stop_unsaved(why):
+    """Stop without saving: the last good checkpoint stays. Every rank meets it alike (the losses and the
+    NaN count are all-reduced), so rank 0 alone says why, once; the others end quietly (exit 1)."""
+    raise SystemExit(f"train.py: {why}; stopped without saving, {run.kept}" if master_process else 1)
+
 def save(best=False):
     """Write the checkpoint, never of a step whose loss or gradient became NaN or inf (a GPU checks
     only at log steps): rank 0 writes, and every rank waits for it (torchrun ends the others 30 s
@@ -271,8 +276,7 @@ def save(best=False):
     if ddp:
         all_reduce(nonfinite)
     if nonfinite.item():
-        raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf before step "
-                         f"{iter_num}; stopped without saving, {run.kept}")
+        stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
     run.save(checkpoint(), best)
     if ddp:
         barrier(group=stop.group)
@@ -319,8 +323,7 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
                     say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
                     break
                 if not math.isfinite(val_loss):
-                    raise SystemExit(f"train.py: validation loss {val_loss} at step {iter_num}; "
-                                     f"stopped without saving, {run.kept}")
+                    stop_unsaved(f"validation loss {val_loss} at step {iter_num}")
                 best, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
                 last_eval['best_val_loss'] = best_val_loss
                 run.log(last_eval)
@@ -369,9 +372,8 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
             if ddp:
                 all_reduce(nonfinite)
             if nonfinite.item():  # the last good checkpoint stays
-                raise SystemExit(f"train.py: the training loss or gradient norm became NaN or inf by "
-                                 f"step {iter_num} (loss {train_loss.item():.4g}, gradient norm "
-                                 f"{grad_norm.item():.4g}); stopped without saving, {run.kept}")
+                stop_unsaved(f"the training loss or gradient norm became NaN or inf by step {iter_num} "
+                             f"(loss {train_loss.item():.4g}, gradient norm {grad_norm.item():.4g})")
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=not ddp)  # DDP's gradients stay views of its buckets

@@ -1397,6 +1397,38 @@ def test_a_bad_setting_under_torchrun_is_said_once_by_rank_0(workdir):
     assert not (workdir / 'out_ddp_bad').exists()
 
 
+def test_a_failure_of_rank_1_alone_before_training_is_printed_marked_with_its_rank(workdir):
+    """Rank 1 alone cannot find its data (its node's copy is missing) while rank 0 waits for it in the
+    process group: rank 1's line is printed once, marked with its rank, and torchrun ends both. (Before, ranks
+    other than 0 were quiet until the loop and the line was printed nowhere.)"""
+    script = workdir / 'rank_1_without_data.py'
+    script.write_text("import os, runpy, sys\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    sys.argv.append('--dataset=not_on_this_node')\n"
+                      "sys.argv[0] = sys.argv.pop(1)\n"
+                      "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+                      "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = torchrun(workdir, *TINY, *TWO_PASSES, '--out_dir=out_ddp_rank_1', check=False, timeout=120,
+                      script=(script, REPO / 'train.py'))
+    output = result.stdout + result.stderr
+    lines = [line for line in output.splitlines() if 'not_on_this_node/meta.json' in line]
+    assert result.returncode != 0 and len(lines) == 1, output[-3000:]
+    assert lines[0].startswith('[rank 1, before training] train.py: data/not_on_this_node/meta.json not fo')
+    assert 'train.py", line' not in output
+
+
+def test_a_nan_stop_under_torchrun_is_said_once(workdir):
+    """Every rank meets a NaN loss alike (its count is all-reduced): rank 0 says so in one line, torchrun's
+    summary names it as the root cause, and rank 1 ends without repeating it."""
+    result = torchrun(workdir, *TINY, *TWO_PASSES, '--out_dir=out_ddp_nan', '--learning_rate=1e20',
+                      '--warmup_iters=0', '--min_lr=0', '--max_iters=8', '--eval_interval=10', check=False,
+                      timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and output.count('became NaN or inf') == 1, output[-3000:]
+    assert 'traceback : train.py: the training loss or gradient norm became NaN or inf by step 1' in output
+    assert 'train.py", line' not in output and not (workdir / 'out_ddp_nan' / 'ckpt.pt').exists()
+
+
 def rank_pid(torchrun_pid, rank):
     """The process id of one rank of a torchrun, found through /proc (Linux)."""
     children = Path(f'/proc/{torchrun_pid}/task/{torchrun_pid}/children').read_text().split()

@@ -5,6 +5,7 @@ boundary, where train.py polls StopSignals.signal, saves and exits: a run never 
 A second Ctrl-C stops at once. Errors inside the loop end the rank in one line, under torchrun too.
 Imports no torch at module level: train.py imports this first, so Ctrl-C during the imports is caught.
 """
+import atexit
 import contextlib
 import json
 import os
@@ -22,7 +23,8 @@ class StopSignals:
     signal ends the process at once with one line (exit 128 + its number); from then on it is noted in
     `signal` (the first one's number; 0 = none) for train.py to act on at the next step boundary, and a
     second Ctrl-C ends the process at once. Under torchrun, ranks other than 0 keep quiet until the loop:
-    a bad setting or missing data, which every rank meets alike, shows once."""
+    a bad setting or missing data, which every rank meets alike, shows once (Quiet says a failure of
+    theirs alone)."""
 
     def __init__(self):
         from vrl import cli
@@ -32,11 +34,14 @@ class StopSignals:
             signal.signal(sig, self.on_signal)
         if int(os.environ.get('RANK', '0')) > 0:
             sys.stderr = Quiet(sys.stderr)
+            atexit.register(sys.stderr.say_a_lone_failure)
 
     def on_signal(self, signum, _frame):
         if self.polling and not (self.signal and signum == signal.SIGINT):
             self.signal = self.signal or signum
             return
+        if isinstance(sys.stderr, Quiet):  # torchrun ends the ranks (another failed), or the user does
+            sys.stderr.held = None
         name = signal.Signals(signum).name
         print(f"train.py: stopped by {name}" + (" again: at once, nothing more saved"
               if self.polling else " before training started; nothing saved"), file=sys.stderr)
@@ -98,16 +103,35 @@ def leave_group():
 
 
 class Quiet:
-    """sys.stderr of a torchrun rank other than 0 until the loop starts (StopSignals)."""
+    """sys.stderr of a torchrun rank other than 0 until the loop starts (StopSignals): it holds what the
+    rank writes. If the rank ends before the loop with something written (its one-line error, a traceback),
+    it waits LONE_FAILURE_WAIT seconds: a failure that rank 0 meets too (a bad setting) ends rank 0 first,
+    and torchrun ends this rank in its wait, silently; one of this rank's alone (its node's data missing, its
+    GPU) is then printed, marked with the rank, rather than nowhere."""
 
     def __init__(self, stderr):
-        self.stderr = stderr
+        self.stderr, self.held = stderr, []
 
     def write(self, text):
+        if self.held is not None:
+            self.held.append(text)
         return len(text)
 
     def flush(self):
         pass
+
+    def say_a_lone_failure(self):
+        held = ''.join(self.held or [])
+        if sys.stderr is not self or not ('\ntrain.py: ' in '\n' + held or 'Traceback (most' in held):
+            return  # the loop started (its errors end the rank in one line), a stop signal, or no failure
+        for sig in SIGNALS:  # torchrun's SIGTERM in the wait ends the rank silently
+            signal.signal(sig, signal.SIG_DFL)
+        time.sleep(LONE_FAILURE_WAIT)
+        print(f"[rank {os.environ.get('RANK')}, before training] {held.strip()}", file=self.stderr, flush=True)
+
+
+LONE_FAILURE_WAIT = 10.0  # seconds; ranks start within a second or two of each other, and torchrun
+# polls its ranks every 0.1 s (every 5 s before torch 2.2: raise it there)
 
 
 def stop_rank(message, after_a_peer=False):
