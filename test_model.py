@@ -1108,6 +1108,12 @@ def test_paper_model_sizes(layers, heads, d, ffn, target):
     assert record['mfu'] == pytest.approx(flops * 1000.0 / 1e15)
     assert record['mfu_palm'] == pytest.approx((flops + 6 * layers * d * 2048) * 1000.0 / 1e15)
     assert line.startswith("step 5: loss 2.5000, lr 1.00e-03, 2,000 tok/s, mfu ")
+    assert 'peak_memory_gib' not in record  # none given: a CPU
+    # on GPUs train.py gives every rank's peak: the highest leads, each kept, so one bad GPU shows
+    record, line = metrics.step_record(5, torch.tensor(2.5), torch.tensor(1.0), 1e-3, 2000.0, None, model,
+                                       {'peak_tflops': 0, 'block_size': 2048}, 2, 'cpu', [3.25, 5.5])
+    assert record['peak_memory_gib'] == 5.5 and record['peak_memory_gib_ranks'] == [3.25, 5.5]
+    assert line.endswith('2,000 tok/s, peak GPU memory 5.5 GiB')
     # PaLM's and nanoGPT's count: the full T x T matrices, 12·L·H·Q·T (H·Q = d)
     assert metrics.flops_per_token(model, 2048, causal=False) == flops + 6 * layers * d * 2048
 

@@ -387,8 +387,15 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
                 all_reduce(loss)
                 loss /= ddp_world_size
             tokens_per_sec = tokens_per_iter * steps_timed / (time.time() - t_log)
+            peaks = None
+            if device_type == 'cuda':  # every rank's peak memory (GiB), so that one bad GPU shows
+                peaks = torch.zeros(ddp_world_size, device=device)
+                peaks[ddp_rank] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                if ddp:
+                    all_reduce(peaks)
+                peaks = peaks.tolist()
             record, line = metrics.step_record(iter_num, loss, grad_norm, lr, tokens_per_sec, norms,
-                                               raw_model, config, ddp_world_size, device)
+                                               raw_model, config, ddp_world_size, device, peaks)
             run.log(record)
             if wandb_log and master_process:
                 wandb.log(record, step=iter_num)

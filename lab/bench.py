@@ -91,7 +91,13 @@ run_timeout = 1800  # seconds a run may take, start-up and compiling included; p
 min_mfu = None  # fail below this MFU per GPU (ours: 0.15 = 15%); None = MFU_FLOORS's for this GPU, 0 = none
 min_tokens_per_sec = 0.0  # fail below this many tokens/s per rank; 0 = none. Any device, a CPU too, which
 #   has no MFU
-max_memory_ratio = 1.0  # fail if the peak memory per GPU is above this times the config's estimate
+max_memory_ratio = 1.25  # fail if a rank's peak memory is above this times the estimate (unrounded, with
+#   what it leaves out: unestimated_gb); above 1.0 it is marked ABOVE, a warning
+min_gpu_speed = 0.8  # fail a GPU whose bf16 matmul is below this times the node's median (GPU only)
+min_matmul_fraction = 0.4  # fail if the node's median matmul is below this share of the GPU's datasheet
+#   dense bf16 peak (metrics.PEAK_TFLOPS; GPU only)
+min_allreduce_gbps = None  # fail below this all-reduce bus bandwidth (GB/s); None = ALLREDUCE_FLOORS's for
+#   this GPU, 0 = none
 max_memory_fraction = 0.9  # fail if a peak (the straight run's, the fit's) is above this share of the GPU
 # --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
@@ -106,7 +112,7 @@ if '--smoke=True' in argv:  # tiny defaults, which other arguments still overrid
         1, 1, 1, (2, 4), 1, 0, (1, 2))
     batch_size, block_size = 2, 32
 globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr,
-                           types={'min_mfu': float}))
+                           types={'min_mfu': float, 'min_allreduce_gbps': float}))
 SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
 if smoke:
     print(SMOKE_WARNING)
@@ -141,6 +147,114 @@ MFU_FLOORS = {name: 0.15 for name in ('NVIDIA H100 80GB HBM3', 'NVIDIA H100 PCIe
                                       'NVIDIA H200', 'NVIDIA H200 NVL')}
 MFU_FLOORS |= {name: 0.2 for name in ('NVIDIA A100-SXM4-40GB', 'NVIDIA A100-SXM4-80GB',
                                       'NVIDIA A100-PCIE-40GB', 'NVIDIA A100 80GB PCIe')}
+
+
+# The all-reduce bus bandwidth (GB/s, nccl-tests' busbw of 256 MB in float32) below which
+# min_allreduce_gbps=None fails a node of several of these GPUs. GPU only, chosen before any GPU ran this code:
+# 8 NVLink/NVSwitch GPUs reach about 350-480 (H100, H200) and 200-230 (A100); without P2P, with NVLink down
+# or NCCL on sockets, a node falls to PCIe's or the network's 10-25. PCIe cards have no floor.
+ALLREDUCE_FLOORS = {name: 100.0 for name in ('NVIDIA H100 80GB HBM3', 'NVIDIA H200',
+                                             'NVIDIA A100-SXM4-40GB', 'NVIDIA A100-SXM4-80GB')}
+NVIDIA_SMI = 'nvidia-smi'  # the command the health check asks (a test's stand-in replaces it)
+# nvidia-smi's throttle reasons that mean a sick GPU, not a busy one (nvml's bits): hardware slowdown,
+# software and hardware thermal slowdown, the power brake
+BAD_THROTTLE = {0x8: 'hardware slowdown', 0x20: 'thermal slowdown (software)',
+                0x40: 'thermal slowdown (hardware)', 0x80: 'power brake'}
+
+
+def unestimated_gb(settings):
+    """What memory_estimate_gb leaves out, in GB: the final norm's saved tensors (its fp32 input and bf16
+    output, 6 bytes a token and channel), flash attention's log-sum-exp (fp32, a token, head and layer) and
+    cuBLAS's workspaces (about 32 MiB each for the two streams a step uses). GPU only, as measured there."""
+    c = model_config(settings, GPT2_VOCAB)
+    tokens = train_setting(settings, 'batch_size') * c.block_size
+    return (tokens * (6 * c.n_embd + 4 * c.n_head * c.n_layer) + 2 * 32 * 2 ** 20) / 1e9
+
+
+def probe_verdicts(report, gpu_name):
+    """(lines, failures) on node_probe.py's report: each GPU's matmul against the node's median (and the
+    median against the datasheet peak), the all-reduce against its floor."""
+    lines, failures = [], []
+    speeds = [r['matmul_tflops'] for r in report['ranks']]
+    median = statistics.median(speeds)
+    lines.append(f"matmul per GPU: {' '.join(f'{x:.4g}' for x in speeds)} TFLOP/s ({report['ranks'][0]['matmul_n']}"
+                 f"^3 {report['ranks'][0]['matmul_dtype']}); median {median:.4g}")
+    for r, speed in zip(report['ranks'], speeds):
+        if gpu_name and speed < min_gpu_speed * median:
+            failures.append(f"rank {r['rank']}'s GPU ({r['host']}, local {r['local_rank']}) multiplies at "
+                            f"{speed:.4g} TFLOP/s, below min_gpu_speed={min_gpu_speed:g} x the node's median "
+                            f"{median:.4g}")
+    peak = metrics.PEAK_TFLOPS.get(gpu_name, 0) if gpu_name else 0
+    if peak and median < min_matmul_fraction * peak:
+        failures.append(f"the node's median matmul, {median:.4g} TFLOP/s, is below min_matmul_fraction="
+                        f"{min_matmul_fraction:g} x {gpu_name}'s datasheet {peak:g}")
+    bandwidth = report['all_reduce_busbw_gbps']
+    floor = (ALLREDUCE_FLOORS.get(gpu_name, 0) if gpu_name else 0) if min_allreduce_gbps is None \
+        else min_allreduce_gbps
+    if bandwidth is None:
+        lines.append("all-reduce: one rank, none to time")
+    else:
+        lines.append(f"all-reduce: {bandwidth:.4g} GB/s bus bandwidth ({report['all_reduce_bytes'] >> 20} MB "
+                     f"over {len(speeds)} ranks, {report['backend']}); "
+                     + (f"floor {floor:g}: {'BELOW it' if bandwidth < floor else 'passed'}" if floor
+                        else "no floor"))
+        if bandwidth < floor:
+            failures.append(f"all-reduce bus bandwidth {bandwidth:.4g} GB/s, below {floor:g} (NVLink down, "
+                            f"NCCL without P2P, or on sockets?)")
+    for r in report['ranks']:
+        if r.get('memory_used_gb', 0) > 1:
+            failures.append(f"rank {r['rank']}'s GPU already holds {r['memory_used_gb']:.1f} GB before any run "
+                            f"(another process?)")
+    return lines, failures
+
+
+def smi_rows(query, fields):
+    """nvidia-smi's rows for a --query-* of fields, as dicts; None where nvidia-smi or the query is not
+    available (a field it cannot read says so in its value: [N/A], [Not Supported])."""
+    try:
+        result = subprocess.run([NVIDIA_SMI, f'--{query}={",".join(fields)}', '--format=csv,noheader,nounits'],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode:
+        return None
+    return [dict(zip(fields, (v.strip() for v in line.split(',')))) for line in result.stdout.splitlines()
+            if line.strip()]
+
+
+def health_verdicts():
+    """(lines, failures) on nvidia-smi's health fields, each where present: uncorrected ECC errors since
+    boot, remapped rows pending (a reset applies them) or failed, and throttle reasons of a sick GPU (read at
+    rest after the probe; a slowdown under load is the matmul check's to find)."""
+    gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total', 'clocks_event_reasons.active'])
+    if gpus is None:  # drivers before 535 name the throttle reasons so
+        gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total',
+                                      'clocks_throttle_reasons.active'])
+    if gpus is None:
+        return [f"health: not read ({NVIDIA_SMI} not found or refused the query)"], []
+    failures, read = [], set()
+    for gpu in gpus:
+        ecc, reasons = gpu['ecc.errors.uncorrected.volatile.total'], list(gpu.values())[2]
+        if ecc.isdigit():
+            read.add('ECC')
+            if int(ecc):
+                failures.append(f"GPU {gpu['index']}: {ecc} uncorrected ECC errors since boot")
+        if reasons.startswith('0x'):
+            read.add('throttle reasons')
+            bad = [name for bit, name in BAD_THROTTLE.items() if int(reasons, 16) & bit]
+            if bad:
+                failures.append(f"GPU {gpu['index']}: throttled ({', '.join(bad)})")
+    rows = smi_rows('query-remapped-rows', ['gpu_bus_id', 'remapped_rows.pending', 'remapped_rows.failure'])
+    for row in rows or []:
+        pending, failed = (row[k].lower() for k in ('remapped_rows.pending', 'remapped_rows.failure'))
+        if pending in ('yes', 'no', '0', '1'):
+            read.add('remapped rows')
+        if pending in ('yes', '1'):
+            failures.append(f"GPU {row['gpu_bus_id']}: remapped rows pending (reset the GPU to apply them)")
+        if failed in ('yes', '1'):
+            failures.append(f"GPU {row['gpu_bus_id']}: a row remapping failed (the GPU needs service)")
+    said = ', '.join(sorted(read)) or 'no field readable'
+    return [f"health ({len(gpus)} GPUs; {said}): {'passed' if not failures else 'FAILED'}"], failures
 
 
 def write_synthetic_data(folder, shape):
@@ -284,11 +398,12 @@ def stream(name, command, timeout):
     return process.returncode, lines
 
 
-def launch(name, ranks, args, out_of_memory_ok=False):
-    """Run train.py under torchrun, its output streamed: True once it ran. A run that fails ends the check
-    with one line; with out_of_memory_ok, one that ran out of memory returns False instead."""
+def launch(name, ranks, args, out_of_memory_ok=False, script='train.py'):
+    """Run train.py (or lab/node_probe.py) under torchrun, its output streamed: True once it ran. A run that
+    fails ends the check with one line; with out_of_memory_ok, one that ran out of memory returns False."""
+    where = os.path.join(HERE, 'lab' if script == 'node_probe.py' else '', script)
     command = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={ranks}',
-               os.path.relpath(os.path.join(HERE, 'train.py')), *args]
+               os.path.relpath(where), *args]
     print(f"{name} run: python {shlex.join(command)}", flush=True)
     began = time.perf_counter()
     status, lines = stream(name, [sys.executable, *command], run_timeout)
@@ -425,14 +540,17 @@ def mfu_floor(gpu_name):
                f"no floor for {gpu_name}, which MFU_FLOORS does not name (min_mfu sets one)")
 
 
-def memory_verdict(peak, estimate, stated, have):
-    """(line, failures) on the straight run's peak memory per GPU, peak GB (GPU only), against the estimate
-    (GB; None: none), which stated names, and the GPU's have GB."""
-    said, failures = [f"peak memory per GPU: {peak:.1f} GB"], []
+def memory_verdict(peaks, estimate, stated, have):
+    """(line, failures) on the straight run's peak memory, each rank's in GB (GPU only), against the estimate
+    (GB; None: none), which stated names, and the GPU's have GB. The highest rank's is judged: above the
+    estimate it is marked ABOVE (a warning), above max_memory_ratio times it the check fails."""
+    peak = max(peaks)
+    spread = f" (ranks {min(peaks):.1f}-{peak:.1f})" if len(peaks) > 1 else ""
+    said, failures = [f"peak memory per GPU: {peak:.1f} GB{spread}"], []
     if estimate:
         ratio = peak / estimate
-        flag = (" (ABOVE it)" if ratio > 1 else f" (under {TOO_HIGH:g} x: the estimate is too high)"
-                if ratio < TOO_HIGH else "")
+        flag = (f" (ABOVE it: a warning; fails above {max_memory_ratio:g} x)" if ratio > 1 else
+                f" (under {TOO_HIGH:g} x: the estimate is too high)" if ratio < TOO_HIGH else "")
         said.append(f"{ratio:.2f} x {stated}{flag}")
         if ratio > max_memory_ratio:
             failures.append(f"peak memory {peak:.1f} GB per GPU is {ratio:.2f} x the estimate of "
@@ -480,17 +598,16 @@ def run_settings():
 
 
 def run_estimate(compiled):
-    """(GB, a phrase naming it) for the straight run: node_config's header estimate for the mode that ran;
-    where train_args change what it counts (the batch, the shape), memory_estimate_gb for the run's settings;
-    (None, a phrase) for a config whose header states none."""
+    """(GB, a phrase naming it) for the straight run: memory_estimate_gb for the run's settings (node_config's
+    with train_args applied), unrounded, plus what it leaves out (unestimated_gb); (None, a phrase) for a
+    config whose header states no estimate."""
     mode, header = 'compiled' if compiled else 'eager', memory_estimate(node_config)
     if not header:
         return None, f"{node_config}'s header states no estimate"
-    computed = memory_estimate_gb(run_settings(), compiled)
-    if round(computed) == header[mode]:
-        return header[mode], f"{node_config}'s header estimate of {header[mode]} GB {mode}"
-    return computed, (f"memory_estimate_gb's {computed:.3g} GB {mode} for these train_args ({node_config}'s "
-                      f"header states {header[mode]} GB for its own)")
+    computed, left_out = memory_estimate_gb(run_settings(), compiled), unestimated_gb(run_settings())
+    return computed + left_out, (f"the estimate of {computed + left_out:.3g} GB ({mode}: memory_estimate_gb's "
+                                 f"{computed:.3g} and {left_out:.2g} it leaves out; {node_config}'s header "
+                                 f"states {header[mode]} GB for its own settings)")
 
 
 def check_node():
@@ -511,6 +628,10 @@ def check_node():
         raise SystemExit(f"bench.py: min_mfu={min_mfu}, min_tokens_per_sec={min_tokens_per_sec}, "
                          f"max_memory_ratio={max_memory_ratio}, max_memory_fraction={max_memory_fraction}; "
                          f"use floors of 0 or more, a ratio above 0 and a fraction above 0, at most 1")
+    if not (0 <= min_gpu_speed <= 1 and 0 <= min_matmul_fraction <= 1) or (min_allreduce_gbps or 0) < 0:
+        raise SystemExit(f"bench.py: min_gpu_speed={min_gpu_speed}, min_matmul_fraction={min_matmul_fraction}, "
+                         f"min_allreduce_gbps={min_allreduce_gbps}; use fractions from 0 to 1 and a bandwidth "
+                         f"of 0 or more")
     if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
         raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
                          "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
@@ -551,6 +672,12 @@ def check_node():
     print(f"node check: {node_config} on {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} "
           f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
           flush=True)
+    # first each GPU alone and the links between them, before any training run
+    probe_path = os.path.join('out', 'node_check', 'probe.json')
+    os.makedirs(os.path.dirname(probe_path), exist_ok=True)
+    launch('probe', ranks, [probe_path, kind], script='node_probe.py')
+    with open(probe_path) as f:
+        probe = json.load(f)
     # speed and memory as the job runs, with no checkpoint to write; the resume compared in deterministic
     # mode, which is slower
     launch('straight', ranks, [*common, '--save_checkpoint=False', f'--out_dir={straight_dir}',
@@ -567,6 +694,13 @@ def check_node():
     gpu = torch.cuda.get_device_properties(0) if gpus else None  # rank 0's, whose peak the log holds
 
     failures = []  # each a line's worth: what was measured, and the threshold it passed
+    lines, failed = probe_verdicts(probe, gpu.name if gpu else None)
+    if gpus:
+        health, unhealthy = health_verdicts()
+        lines, failed = lines + health, failed + unhealthy
+    for line in lines:
+        print(line)
+    failures += failed
     steps = [r for r in log_records(straight_dir) if 'train_loss' in r]
     speed = statistics.median(r['tokens_per_sec'] for r in steps)
     floor = ""
@@ -605,8 +739,9 @@ def check_node():
     compiled = run_settings().get('compile')
     estimate, stated = run_estimate(kind == 'cuda' if compiled is None else compiled)
     if gpu and 'peak_memory_gib' in steps[0]:  # GPU only
-        line, failed = memory_verdict(max(r['peak_memory_gib'] for r in steps) * 2 ** 30 / 1e9, estimate,
-                                      stated, gpu.total_memory / 1e9)
+        ranks_peaks = [r.get('peak_memory_gib_ranks', [r['peak_memory_gib']]) for r in steps]
+        peaks = [max(rank) * 2 ** 30 / 1e9 for rank in zip(*ranks_peaks)]  # each rank's over the steps
+        line, failed = memory_verdict(peaks, estimate, stated, gpu.total_memory / 1e9)
         print(line)
         failures += failed
     else:

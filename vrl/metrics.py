@@ -49,19 +49,23 @@ def peak_of(peak_tflops, device):
     return PEAK_TFLOPS.get(torch.cuda.get_device_name(device), 0.0)
 
 
-def step_record(step, loss, grad_norm, lr, tokens_per_sec, grad_norms, model, config, ranks, device):
+def step_record(step, loss, grad_norm, lr, tokens_per_sec, grad_norms, model, config, ranks, device,
+                peak_memory=None):
     """A logged step's record for log.jsonl, and its line: the loss (the mean over the log interval and the
     ranks), the gradient norm and rate, the job's tokens/s, and MFU (per GPU, against peak_of's peak; 'mfu'
     counts causal attention as a fused kernel does, 'mfu_palm' the full T x T as PaLM and nanoGPT do), peak
-    memory, learned λ and per-parameter gradient norms ({name: norm tensor}) where they apply."""
+    memory (peak_memory: each rank's GiB; the highest, and each where there are several), learned λ and
+    per-parameter gradient norms ({name: norm tensor}) where they apply."""
     record = {'step': step, 'train_loss': loss.item(), 'grad_norm': grad_norm.item(), 'lr': lr,
               'tokens_per_sec': tokens_per_sec}  # the job's, all ranks together
     peak = peak_of(config['peak_tflops'], device)
     for key, causal in (('mfu', True), ('mfu_palm', False)) if peak else ():
         flops = flops_per_token(model, config['block_size'], causal)
         record[key] = flops * (tokens_per_sec / ranks) / (peak * 1e12)
-    if torch.device(device).type == 'cuda':  # rank 0's; a host-side counter, so no wait for the GPU
-        record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    if peak_memory:
+        record['peak_memory_gib'] = max(peak_memory)
+        if len(peak_memory) > 1:  # one GPU above the others shows (lab/bench.py --node_check)
+            record['peak_memory_gib_ranks'] = peak_memory
     if model.config.lambda_mode != 'fixed':
         record['lambdas'] = model.lambdas.tolist()
     if grad_norms is not None:  # one copy to the host, not a wait per parameter
