@@ -28,7 +28,7 @@
 #   python lab/reproduce.py lambdas
 #   python lab/reproduce.py variants
 #   python lab/reproduce.py depth
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_sparse'

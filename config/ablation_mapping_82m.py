@@ -21,7 +21,7 @@
 # CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds; results/mapping/README.md; the
 # `controls` suite has the identity mapping too):
 #   python lab/reproduce.py mapping
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_identity'

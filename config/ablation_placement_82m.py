@@ -24,7 +24,7 @@
 # CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds: layer 7, 6-8, 5-8, 4-8, 2-4, and 2-4
 # and 6-8 rescaled; results/placement/README.md):
 #   python lab/reproduce.py placement
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/placement_layer7'

@@ -23,7 +23,7 @@
 # There, against the Transformer of the same seed: value -0.026 (t -6.2); query +0.003, key +0.008, attention
 # +0.014 (t 2.3); hidden -0.010 (t -1.9, unresolved). Only values help, as the paper says, except that the
 # hidden residual is not worse than the Transformer there.
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 # The attention residual's explicit T x T attention, which that count leaves out, needs more: its run takes 16
 # sequences a pass and 64 passes a step, the same 1024 sequences a step.
 import os

@@ -32,7 +32,7 @@
 # CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds: first, adjacent, previous, second,
 # dense, and second without H0 against the Transformer without H0; results/source/README.md):
 #   python lab/reproduce.py source
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.4_resformer_identity'

@@ -21,7 +21,7 @@
 # CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds: NeuTRENO at λ = 0.2, 0.4, 0.6, 0.8,
 # NeuTRENO + ResFormer, ResFormer and DenseFormer; results/neutreno/README.md):
 #   python lab/reproduce.py neutreno
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_82m'

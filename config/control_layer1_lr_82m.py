@@ -17,7 +17,7 @@
 #   python lab/reproduce.py controls
 # There no multiplier beats the Transformer (2x/1.5x ties it, +0.004, t 1.1), while Identity ResFormer does
 # (-0.019, t -2.0).
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.3_vanilla'

@@ -26,7 +26,7 @@
 # CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds: the Transformer and SVFormer on
 # Llama's blocks and on GPT-2's; results/backbone/README.md):
 #   python lab/reproduce.py backbone
-# Memory: about 57 GB eager, 20 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 112 GB eager, 38 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 # bench.py counts GPT-2's 77.8M parameters, but each layer's activations as a Llama block's with a SwiGLU of
 # 2048 (GPT-2's GELU MLP keeps fewer): likely above what these blocks take.
 import os

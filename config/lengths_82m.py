@@ -15,10 +15,10 @@
 # (not in Table 1) stays out of the mean. Runs, then evaluations:
 #   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --out_dir=out/sec4.2_vanilla_T2048
 #   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --out_dir=out/sec4.2_resformer_T2048
-#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --block_size=32000 --batch_size=2 --out_dir=out/sec4.2_vanilla_T32000
-#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=32000 --batch_size=2 --out_dir=out/sec4.2_resformer_T32000
-#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --block_size=64000 --batch_size=1 --out_dir=out/sec4.2_vanilla_T64000
-#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=64000 --batch_size=1 --out_dir=out/sec4.2_resformer_T64000
+#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --block_size=32000 --batch_size=4 --out_dir=out/sec4.2_vanilla_T32000
+#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=32000 --batch_size=4 --out_dir=out/sec4.2_resformer_T32000
+#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=vanilla --block_size=64000 --batch_size=2 --out_dir=out/sec4.2_vanilla_T64000
+#   torchrun --standalone --nproc_per_node=8 train.py config/lengths_82m.py --variant=resformer_identity --block_size=64000 --batch_size=2 --out_dir=out/sec4.2_resformer_T64000
 #   python lab/eval.py --out_dir=out/sec4.2_vanilla_T2048
 #   python lab/eval.py --out_dir=out/sec4.2_resformer_T2048
 #   python lab/eval.py --out_dir=out/sec4.2_vanilla_T64000
@@ -32,9 +32,9 @@
 # SVFormer at 64-512 tokens, 2,048 tokens a step; results/lengths/README.md):
 #   python lab/reproduce.py lengths
 # Table 1's zero-shot accuracy has none: models that small score at chance.
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
-# batch_size is what a GPU takes a pass: 64,000-65,536 tokens at every length (32 x 2,048, 2 x 32,000,
-# 1 x 64,000), 32 passes a step over all GPUs, and fused (flash) attention keeps memory linear in the
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
+# batch_size is what a GPU takes a pass: 128,000-131,072 tokens at every length (64 x 2,048, 4 x 32,000,
+# 2 x 64,000), 16 passes a step over all GPUs, and fused (flash) attention keeps memory linear in the
 # length: about as much at each.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

@@ -23,7 +23,7 @@
 #   python lab/reproduce.py lr
 # There ResFormer is ahead at every rate, clearly from 1e-3 to 4e-3 (t -3.5 to -6.2), unresolved at 8e-3
 # (t -1.5).
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.3_resformer_identity_lr6e-4'

@@ -15,7 +15,7 @@
 # the sweep's best rate (results/muon_lr/, results/optimizer/README.md): under Muon the gain shrinks.
 #   python lab/reproduce.py muon_lr --seeds=1
 #   python lab/reproduce.py optimizer
-# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 109 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/muon_resformer_82m'

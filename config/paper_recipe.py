@@ -16,9 +16,9 @@
 # - Batch: 1024 sequences of 2048 tokens = 2,097,152 tokens a step, 10,000 steps (ICLR Tables 3, 4). ICLR
 #   Table 3 prints gradient accumulation 32, which its own columns contradict (8 GPUs x 32 x 32 = 8,192
 #   sequences); the code computes 4 (1024 / (8 GPUs x 32)). Here, as in nanoGPT, batch_size is the sequences a
-#   GPU takes in one forward pass and gradient_accumulation_steps the passes of a step over all GPUs: 32 x 32 =
-#   1024 on any number of GPUs (4 passes each on 8, the code's). The larger configs lower batch_size to fit
-#   memory and raise gradient_accumulation_steps to keep the 1024 sequences.
+#   GPU takes in one forward pass and gradient_accumulation_steps the passes of a step over all GPUs: 16 x 64 =
+#   1024 on any number of GPUs (2 passes each on 8; the code's 4 of 32 make the same step). Each config's
+#   batch_size is the largest that fits its memory (below), with gradient_accumulation_steps keeping 1024.
 # - Optimizer: AdamW (0.9, 0.95), eps 1e-8, weight decay 0.1, clipping at 1.0 (ICLR Sec. 4.1.1; code).
 # - Schedule: linear warmup over 120 steps to 6e-4, then cosine to 6e-5 at step 10,000 (ICLR/v1 Table 4; the
 #   code's WARMUP_STEP=120). ICLR Sec. 4.1.1's text says 1,200 warmup steps, contradicting its Table 4, and so
@@ -33,7 +33,7 @@
 #   Transformer (3.3595 + 3.5388 + 1.4247 + 2.3872 + 2.9047 + 3.3797 + 2.1779) / 7 = 2.7389). With eval_full,
 #   val_loss_full is the run's headline: the loss printed, checked for NaN, and the one best.pt follows. It is
 #   not scored at step 0 (random weights). val_loss beside it is a fixed sample: eval_iters batches of
-#   batch_size shared equally over the domains, each share rounded up to whole batches (8 x 32 = 256 windows
+#   batch_size shared equally over the domains, each share rounded up to whole batches (4 x 64 = 256 windows
 #   a domain, the same at every evaluation). Cost: 10 evaluations of the 500M validation tokens, forward
 #   passes only, against 10,000 steps of 2.1M tokens: about 7% on top of training (an evaluated token costs
 #   0.31 of a trained one, measured at a CPU shape: docs/training.md).
@@ -44,8 +44,10 @@
 # memory_estimate_gb; docs/training.md, 'How the memory estimates are made'): estimates, not measured on a GPU.
 dataset = 'slimpajama_neox'
 block_size = 2048
-batch_size = 32  # sequences a GPU takes a pass (the code's 32): the 82M model in 80 GB (its header)
-gradient_accumulation_steps = 32  # passes a step, all GPUs together: 32 x 32 = 1024 sequences a step
+# batch_size: lab/bench.py's micro_batch, the largest power of two whose compiled memory estimate fits 60 GB
+# (an 80 GB GPU less 25% headroom; a test holds every full-scale config to it). The code takes 32.
+batch_size = 64  # sequences a GPU takes a pass: the 82M model's 64 (its header)
+gradient_accumulation_steps = 16  # passes a step, all GPUs together: 16 x 64 = 1024 sequences a step
 max_iters = 10000
 lr_decay_iters = 10000
 warmup_iters = 120
@@ -56,6 +58,6 @@ beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0
 eval_interval = 1000
-eval_iters = 50  # 8 (50 / 7, up) x 32 windows a domain: 1,792 x 2048 = 3.67M tokens, the same each time
+eval_iters = 28  # 4 (28 / 7) x 64 windows a domain: 1,792 x 2048 = 3.67M tokens, the same each time
 eval_full = True  # and every validation window of every domain, as the code: val_loss_full, the paper's
 log_interval = 10

@@ -19,7 +19,7 @@
 # and against SVFormer at the same sizes (Fig. 15d):
 #   python lab/reproduce.py scaling
 #   python lab/reproduce.py svformer
-# Memory: about 39 GB eager, 19 GB compiled per GPU at 16 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 75 GB eager, 35 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_180m'
@@ -27,6 +27,6 @@ variant = 'resformer_identity'
 n_layer = 12
 n_head = 12
 n_embd = 768  # SwiGLU hidden defaults to 3.5 x n_embd = 2688
-batch_size = 16  # sequences a GPU takes a pass, to fit its memory (the header)
-gradient_accumulation_steps = 64  # so that a step still takes 64 x 16 = 1024 sequences
-eval_iters = 112  # the recipe's validation sample: 16 batches of 16 = 256 windows a domain
+batch_size = 32  # sequences a GPU takes a pass: micro_batch's (paper_recipe.py), in its memory
+gradient_accumulation_steps = 32  # so that a step still takes 32 x 32 = 1024 sequences
+eval_iters = 56  # the recipe's validation sample: 8 batches of 32 = 256 windows a domain

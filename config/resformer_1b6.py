@@ -30,6 +30,6 @@ variant = 'resformer_identity'
 n_layer = 24
 n_head = 16
 n_embd = 2048  # SwiGLU hidden defaults to 3.5 x n_embd = 7168
-batch_size = 4  # sequences a GPU takes a pass, to fit its memory (the header)
+batch_size = 4  # sequences a GPU takes a pass: micro_batch's (paper_recipe.py), in its memory
 gradient_accumulation_steps = 256  # so that a step still takes 256 x 4 = 1024 sequences
 eval_iters = 448  # the recipe's validation sample: 64 batches of 4 = 256 windows a domain

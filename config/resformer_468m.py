@@ -19,7 +19,7 @@
 # and against SVFormer at the same sizes (Fig. 15d):
 #   python lab/reproduce.py scaling
 #   python lab/reproduce.py svformer
-# Memory: about 40 GB eager, 27 GB compiled per GPU at 8 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 72 GB eager, 45 GB compiled per GPU at 16 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_468m'
@@ -27,6 +27,6 @@ variant = 'resformer_identity'
 n_layer = 24
 n_head = 16
 n_embd = 1024  # SwiGLU hidden defaults to 3.5 x n_embd = 3584
-batch_size = 8  # sequences a GPU takes a pass, to fit its memory (the header)
-gradient_accumulation_steps = 128  # so that a step still takes 128 x 8 = 1024 sequences
-eval_iters = 224  # the recipe's validation sample: 32 batches of 8 = 256 windows a domain
+batch_size = 16  # sequences a GPU takes a pass: micro_batch's (paper_recipe.py), in its memory
+gradient_accumulation_steps = 64  # so that a step still takes 64 x 16 = 1024 sequences
+eval_iters = 112  # the recipe's validation sample: 16 batches of 16 = 256 windows a domain

@@ -19,7 +19,7 @@
 # and against SVFormer at the same sizes (Fig. 15d):
 #   python lab/reproduce.py scaling
 #   python lab/reproduce.py svformer
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.2_resformer_82m'

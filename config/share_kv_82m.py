@@ -17,7 +17,7 @@
 # There, against the Transformer of the same seed: share_v -0.021 (t -8.6), share_k +0.006 (t 0.8), cla
 # +0.006 (t 2.9), svformer -0.025 (t -2.2): sharing V hurts less than sharing K, as the paper says (here
 # sharing V even helps).
-# Memory: about 56 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec3.5_share_v'

@@ -13,7 +13,7 @@
 #   python lab/relative_loss.py out/sec4.8_vanilla out/sec4.8_svformer out/sec4.8_shared_query out/sec4.8_shared_key
 # CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds; results/shared_qk/README.md):
 #   python lab/reproduce.py shared_qk
-# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 # Each of the three shared variants drops 7 of the 8 layers' W_Q, W_K or W_V: the same count.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

@@ -18,7 +18,7 @@
 # CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds, the same anchors;
 # results/anchors/README.md):
 #   python lab/reproduce.py anchors
-# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 # Each anchor takes back a W_V: up to 3 x 0.26M parameters, under 0.1 GB more.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())

@@ -20,7 +20,7 @@
 # CPU counterpart (4 layers, d 128, character-level Shakespeare, 3 seeds: four learning rates, warmup 50 and
 # 500, four sizes; results/svformer/README.md):
 #   python lab/reproduce.py svformer
-# Memory: about 55 GB eager, 19 GB compiled per GPU at 32 sequences of 2048 tokens a pass (docs/training.md).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
 out_dir = 'out/sec4.7_svformer_lr1e-4'

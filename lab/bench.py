@@ -339,6 +339,21 @@ def memory_estimate_gb(settings, compiled):
     return (18 * model.num_params() - 4 * muon + tokens * (c.n_layer * layer + head)) / 1e9
 
 
+# Each full-scale config's batch_size (sequences a GPU takes a pass) is micro_batch's: the largest power of
+# two whose compiled estimate, with what it leaves out, fits this budget, dividing the step's sequences.
+MICRO_BATCH_BUDGET_GB = 60.0  # an 80 GB H100 less 25% headroom: the allocator's fragmentation, an
+#   evaluation's buffers, and the estimate's own error until a GPU has measured it (the node check)
+
+
+def micro_batch(settings):
+    """The batch_size micro_batch's rule gives a config's settings (1 if even one sequence is over budget)."""
+    step = train_setting(settings, 'batch_size') * train_setting(settings, 'gradient_accumulation_steps')
+    fits = [b for b in (2 ** k for k in range(12)) if step % b == 0 and memory_estimate_gb(
+        settings | {'batch_size': b}, compiled=True) + unestimated_gb(settings | {'batch_size': b})
+        <= MICRO_BATCH_BUDGET_GB]
+    return max(fits, default=1)
+
+
 def children(pid):
     """The processes whose parent is pid, from Linux's /proc (elsewhere, none)."""
     found = []

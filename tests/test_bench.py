@@ -498,12 +498,12 @@ def test_the_runs_estimate_is_unrounded_and_counts_what_the_header_leaves_out(mo
     settings = bench['run_settings']()
     computed = bench['memory_estimate_gb'](settings, True)
     left_out = bench['unestimated_gb'](settings)
-    # 82M: 32 x 2048 tokens a pass, d = 512, 8 heads, 8 layers: 6 x 512 + 4 x 8 x 8 bytes a token, 64 MiB
-    assert left_out == pytest.approx((32 * 2048 * (6 * 512 + 4 * 64) + 64 * 2 ** 20) / 1e9)
-    assert 0.15 < left_out < 0.3 and round(computed) == 19 and computed != 19
+    # 82M: 64 x 2048 tokens a pass, d = 512, 8 heads, 8 layers: 6 x 512 + 4 x 8 x 8 bytes a token, 64 MiB
+    assert left_out == pytest.approx((64 * 2048 * (6 * 512 + 4 * 64) + 64 * 2 ** 20) / 1e9)
+    assert 0.3 < left_out < 0.6 and round(computed) == 37 and computed != 37
     assert bench['run_estimate'](True) == (computed + left_out, (
         f"the estimate of {computed + left_out:.3g} GB (compiled: memory_estimate_gb's {computed:.3g} and "
-        f"{left_out:.2g} it leaves out; {config}'s header states 19 GB for its own settings)"))
+        f"{left_out:.2g} it leaves out; {config}'s header states 37 GB for its own settings)"))
     monkeypatch.setitem(bench, 'train_args', '--batch_size=16 --variant=vanilla')
     estimate, stated = bench['run_estimate'](True)
     assert 5 < estimate < 15 and estimate < computed
@@ -600,6 +600,25 @@ def test_every_full_scale_configs_header_states_the_memory_bench_computes_for_it
             'tokens': settings['block_size']}, path.name
         checked.append(path.name)
     assert len(checked) >= 15 and 'resformer_1b6.py' in checked
+
+
+def test_every_full_scale_configs_batch_size_is_the_largest_that_fits_its_memory_with_headroom():
+    """batch_size (a GPU's pass) is micro_batch's: the largest power of two whose compiled estimate, with
+    what it leaves out, fits 60 GB (80 GB less 25%); the step keeps its 1024 sequences."""
+    bench = bench_globals()
+    sizes = {}
+    for path in sorted(Path(HERE, 'config').glob('*.py')):
+        if path.name == 'paper_recipe.py' or 'paper_recipe.py' not in path.read_text():
+            continue
+        settings = _read_config_file(str(path))
+        b, steps = settings['batch_size'], settings['gradient_accumulation_steps']
+        assert b == bench['micro_batch'](settings) and b * steps == 1024, path.name
+        doubled = settings | {'batch_size': 2 * b}
+        assert (bench['memory_estimate_gb'](doubled, compiled=True) + bench['unestimated_gb'](doubled)
+                > bench['MICRO_BATCH_BUDGET_GB']), path.name  # twice as many would not fit
+        sizes[path.name] = b
+    assert (sizes['resformer_82m.py'], sizes['resformer_180m.py'], sizes['resformer_468m.py'],
+            sizes['resformer_1b6.py']) == (64, 32, 16, 4)
 
 
 def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
