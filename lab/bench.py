@@ -12,6 +12,7 @@ one process and they take turns, round by round, so noise from the machine hits 
     python lab/bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
     python lab/bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
     python lab/bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
+    python lab/bench.py --save_cost                  # what a checkpoint save costs at each config's size
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
 per-round timing, as JSON to `out`. The reference models are local copies that this repository does not ship:
@@ -103,9 +104,13 @@ max_memory_fraction = 0.9  # fail if a peak (the straight run's, the fit's) is a
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
 estimate_configs = ('', 'config/small_ablation.py', 'config/small_svformer.py')  # '' = train.py's defaults
 estimate_iters = 100  # steps a run; the measured mean leaves out the first 10 (the first log record)
+# --save_cost: instead of the benchmark, what train.py's checkpoint save costs at each config's size
+save_cost = False  # build each of save_configs in fp32 with AdamW's state, save it as train.py does, here
+save_configs = ('config/resformer_82m.py', 'config/resformer_180m.py', 'config/resformer_468m.py')
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost', '--estimate_check') else arg
+argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost', '--estimate_check', '--save_cost')
+        else arg
         for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
@@ -1104,6 +1109,44 @@ def compare_logits_cost():
 
 if logits_cost:
     compare_logits_cost()
+    raise SystemExit(0)
+
+
+# ----------------------------------------------------------------------------- save cost (--save_cost)
+def measure_save_cost():
+    """Each config's checkpoint as train.py writes it (vrl.run_folder: the whole-checkpoint checksum, then
+    torch.save to a temporary file and a rename) into a folder under the current one, on this disk: its
+    size, the checksum's seconds and the write's. A GPU run adds the device-to-host copies (state_dict()
+    of CUDA tensors), which this CPU cannot measure."""
+    from vrl import run_folder
+    print("| config | parameters | checkpoint | checksum | torch.save + rename | GB/s |\n|---|---|---|---|---|---|")
+    for path in save_configs:
+        settings = _read_config_file(path)
+        model = build_model(model_config(settings, GPT2_VOCAB))
+        adam = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=False)
+        for p in model.parameters():  # one step makes AdamW's two moments, as a run's checkpoint holds
+            p.grad = torch.zeros_like(p)
+        adam.step()
+        with tempfile.TemporaryDirectory(dir='.') as folder:
+            run = run_folder.RunFolder(os.path.join(folder, 'out'), 'scratch', False, writes=True)
+            checkpoint = {'model': model.state_dict(), 'optimizer': adam.state_dict(), 'iter_num': 1,
+                          'config': settings}
+            began = time.perf_counter()
+            run_folder.checksum(checkpoint)
+            summing = time.perf_counter() - began
+            began = time.perf_counter()
+            run.save(checkpoint, best=False)
+            os.sync()  # on the disk, not in the page cache
+            writing = time.perf_counter() - began - summing  # save() sums again: counted once, above
+            size = os.path.getsize(run.ckpt_path) / 1e9
+            run.let_go()
+        print(f"| {os.path.basename(path)} | {model.num_params() / 1e6:,.0f}M | {size:.2f} GB | {summing:.1f} s "
+              f"| {writing:.1f} s | {size / (summing + writing):.2f} |", flush=True)
+        del model, adam, checkpoint
+
+
+if save_cost:
+    measure_save_cost()
     raise SystemExit(0)
 
 # --------------------------------------------------------------------------- 1. training step, FLOP/s

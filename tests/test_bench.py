@@ -52,12 +52,13 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
     settings = [line.split() for line in run.stdout.splitlines() if line.startswith('  --')]
     assert settings[4][:2] == ['--rounds=10', 'each'] and settings[19][0] == '--smoke=False'
     # the node check's and the estimate check's, each under a heading of their own
-    assert settings[25][0] == "--train_args=''" and settings[-1][0] == '--estimate_iters=100'
+    assert settings[25][0] == "--train_args=''" and settings[-3][0] == '--estimate_iters=100'
+    assert [words[0] for words in settings[-2:]] == ['--save_cost=False', "--save_configs=('config/resformer_82m.py',"]
     assert [words[0] for words in settings[27:35]] == [  # the node check's thresholds, after fit_config
         '--run_timeout=1800', '--min_mfu=None', '--min_tokens_per_sec=0.0', '--max_memory_ratio=1.25',
         '--min_gpu_speed=0.8', '--min_matmul_fraction=0.4', '--min_allreduce_gbps=None',
         '--max_memory_fraction=0.9']
-    assert len(settings) == 38 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert len(settings) == 40 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [
@@ -619,6 +620,20 @@ def test_every_full_scale_configs_batch_size_is_the_largest_that_fits_its_memory
         sizes[path.name] = b
     assert (sizes['resformer_82m.py'], sizes['resformer_180m.py'], sizes['resformer_468m.py'],
             sizes['resformer_1b6.py']) == (64, 32, 16, 4)
+
+
+def test_save_cost_saves_each_config_as_train_py_does_and_leaves_nothing(tmp_path):
+    """--save_cost writes each config's checkpoint (fp32 weights and AdamW's two moments: 12 bytes a
+    parameter, plus the GPT-2 vocabulary's embeddings) through train.py's RunFolder, and says its size and
+    times; the folder it wrote in is gone afterwards."""
+    run = subprocess.run([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), '--save_cost',
+                          f"--save_configs=('{HERE}/config/shakespeare_char.py',)"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = run.stdout.splitlines()[-1].split(' | ')
+    assert row[0] == '| shakespeare_char.py' and row[1] == '14M', row
+    assert 12 * 14e6 / 1e9 * 0.95 < float(row[2].removesuffix(' GB')) < 12 * 14e6 / 1e9 * 1.1, row
+    assert os.listdir(tmp_path) == []
 
 
 def test_node_check_names_the_failing_runs_error_in_its_last_line(tmp_path):
