@@ -1130,7 +1130,8 @@ def measure_save_cost():
         with tempfile.TemporaryDirectory(dir='.') as folder:
             run = run_folder.RunFolder(os.path.join(folder, 'out'), 'scratch', False, writes=True)
             checkpoint = {'model': model.state_dict(), 'optimizer': adam.state_dict(), 'iter_num': 1,
-                          'config': settings}
+                          'config': {k: v for k, v in settings.items()  # the settings, not `import os`
+                                     if isinstance(v, (bool, int, float, str, tuple, list, type(None)))}}
             began = time.perf_counter()
             run_folder.checksum(checkpoint)
             summing = time.perf_counter() - began
