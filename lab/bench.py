@@ -231,15 +231,15 @@ def health_verdicts():
     """(lines, failures) on nvidia-smi's health fields, each where present: uncorrected ECC errors since
     boot, remapped rows pending (a reset applies them) or failed, and throttle reasons of a sick GPU (read at
     rest after the probe; a slowdown under load is the matmul check's to find)."""
-    gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total', 'clocks_event_reasons.active'])
-    if gpus is None:  # drivers before 535 name the throttle reasons so
-        gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total',
-                                      'clocks_throttle_reasons.active'])
+    for throttle in ('clocks_event_reasons.active', 'clocks_throttle_reasons.active'):  # before driver 535
+        gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total', throttle])
+        if gpus is not None:
+            break
     if gpus is None:
         return [f"health: not read ({NVIDIA_SMI} not found or refused the query)"], []
     failures, read = [], set()
     for gpu in gpus:
-        ecc, reasons = gpu['ecc.errors.uncorrected.volatile.total'], list(gpu.values())[2]
+        ecc, reasons = gpu['ecc.errors.uncorrected.volatile.total'], gpu[throttle]
         if ecc.isdigit():
             read.add('ECC')
             if int(ecc):
