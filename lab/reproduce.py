@@ -1049,6 +1049,28 @@ def relative_rows(groups):
             '|---|---|---|---|'] + rows
 
 
+def critical_point_rows(groups):
+    """ICLR Fig. 14 Right at the lengths suite's lengths: the step where the Transformer overtakes SVFormer
+    at each length (relative_rows' reading: the crossing, else the line through the curve's last tenth),
+    and relative_loss.growth's exponential fit of that step against the length, as the paper draws it."""
+    points = []
+    for label, series in relative_series(groups).items():
+        if label.startswith('svformer T='):
+            rel = [[s, m] for s, m, _ in series]
+            cross = relative_loss.crossing(rel)
+            step = cross or relative_loss.extrapolated_crossing(rel)
+            if step:
+                points.append((int(label.split('=')[1]), step, '' if cross else 'about '))
+    if len(points) < 2:
+        return []
+    a, b = relative_loss.growth([(T, step) for T, step, _ in points])
+    return ['', "ICLR Fig. 14 Right at these lengths: the step where the Transformer overtakes SVFormer "
+            "(the table above; 'about': predicted past the last step), against the length T, and the "
+            f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):", '',
+            '| T | critical point | the fit |', '|---|---|---|'] + [
+            f"| {T} | {about}{step:,.0f} | {math.exp(a + b * T):,.0f} |" for T, step, about in points]
+
+
 def provenance(suite, scale, seeds, results_dir):
     """One line: how many runs the tables hold and which commits trained them, and how many summaries were
     made by code that trains differently (left out of the tables)."""
@@ -1132,7 +1154,7 @@ def write_report(suite, scale, seeds, results_dir):
     lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
              'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows, 'optimizer': optimizer_rows,
-             'muon_lr': muon_lr_rows}
+             'muon_lr': muon_lr_rows, 'lengths': critical_point_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')

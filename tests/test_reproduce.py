@@ -734,3 +734,20 @@ def test_reproduce_mistakes_are_one_line(tmp_path, capsys):
     assert err == (f"reproduce.py: {tmp_path / 'runs' / runs[1][1]}.json unreadable (cut short, or not a run "
                    "summary), left out of the tables; `python lab/reproduce.py kv` retrains them\n")
     assert '1 of 10 runs are in the tables' in (tmp_path / 'kv' / 'README.md').read_text()
+
+
+def test_the_lengths_report_fits_svformers_critical_point_against_length():
+    """ICLR Fig. 14 Right: SVFormer's critical point at each length (read where the curve crosses, predicted
+    where it has not yet) and the exponential fit through them; one length is no fit."""
+    steps = range(10, 601, 10)
+    base = [[s, 4 - s / 1000] for s in steps]
+    groups = {f'vanilla T={T}': {'runs': [run_summary(1, base)], 'seeds': [1], 'baseline': f'vanilla T={T}'}
+              for T in (64, 128)}
+    for T, zero in ((64, 450), (128, 1000)):  # smoothed: T=64 crosses at 495; T=128 would at 1,045
+        groups[f'svformer T={T}'] = {'runs': [run_summary(1, [[s, loss + (s - zero) / 1000] for s, loss in base])],
+                                     'seeds': [1], 'baseline': f'vanilla T={T}'}
+    rows = reproduce.critical_point_rows(groups)
+    a, b = relative_loss.growth([(64, 495), (128, 1045)])
+    assert f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):" in rows[1]
+    assert '| 64 | 495 | 495 |' in rows and '| 128 | about 1,045 | 1,045 |' in rows
+    assert reproduce.critical_point_rows({k: v for k, v in groups.items() if '128' not in k}) == []
