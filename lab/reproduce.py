@@ -405,6 +405,8 @@ def train(command, env, stdout):
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT,
                              preexec_fn=end_with_parent if os.name == 'posix' else None)
     children.add(child)
+    if stopping.is_set():  # the stop came while this run was set up (its probe): stop it too
+        child.send_signal(signal.SIGTERM)
     try:
         return child.wait()
     finally:

@@ -751,3 +751,16 @@ def test_the_lengths_report_fits_svformers_critical_point_against_length():
     assert f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):" in rows[1]
     assert '| 64 | 495 | 495 |' in rows and '| 128 | about 1,045 | 1,045 |' in rows
     assert reproduce.critical_point_rows({k: v for k, v in groups.items() if '128' not in k}) == []
+
+
+def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkeypatch):
+    """SIGTERM after a run passed the stop check but before its train.py started (its probe was running):
+    the run is stopped as it starts, not left to train to its end."""
+    import threading
+    monkeypatch.setattr(reproduce, 'stopping', threading.Event())
+    reproduce.stopping.set()
+    started = time.time()
+    with open(tmp_path / 'train.out', 'w') as out:
+        code = reproduce.train([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ), out)
+    assert code == -signal.SIGTERM and time.time() - started < 30
+    assert not reproduce.children
