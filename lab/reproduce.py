@@ -1026,21 +1026,29 @@ def relative_series(groups):
     return series
 
 
+def critical_point(points):
+    """(step, predicted) for a mean relative curve [(step, mean, std)]: the step where the Transformer
+    overtakes the method (ICLR Sec. 4.6's critical point), read where the curve crosses zero (predicted
+    False), else where a line through its last tenth would (True; step None if it never rises)."""
+    rel = [[s, m] for s, m, _ in points]
+    cross = relative_loss.crossing(rel)
+    return (cross, False) if cross is not None else (relative_loss.extrapolated_crossing(rel), True)
+
+
 def relative_rows(groups):
     """The paper's metric at the end: each group's relative training loss at its last logged step (mean ±
     std over seeds), and the step where the Transformer overtakes it (ICLR Sec. 4.6's critical point), read
     off the mean curve, or where a line through its last tenth would (after 'never')."""
     rows = []
     for label, points in relative_series(groups).items():
-        rel = [[s, m] for s, m, _ in points]
-        cross, ahead = relative_loss.crossing(rel), relative_loss.extrapolated_crossing(rel)
+        step, predicted = critical_point(points)
         group, base = groups[label], groups[groups[label]['baseline']]
         curved = {seed for run, seed in zip(base['runs'], base['seeds']) if run.get('train_curve')}
         n = sum(bool(run.get('train_curve')) and seed in curved  # the seeds in the mean
                 for run, seed in zip(group['runs'], group['seeds']))
         rows.append(f"| {label} | {n} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
-                    + (f"{cross:.0f}" if cross is not None else "never" + (f" (about {ahead:,.0f})"
-                                                                            if ahead else "")) + " |")
+                    + (f"{step:.0f}" if not predicted else "never" + (f" (about {step:,.0f})"
+                                                                          if step else "")) + " |")
     if not rows:
         return []
     return ['', "The paper's metric: each group's training loss minus the same-seed Transformer's, each "
@@ -1053,16 +1061,14 @@ def relative_rows(groups):
 
 def critical_point_rows(groups):
     """ICLR Fig. 14 Right at the lengths suite's lengths: the step where the Transformer overtakes SVFormer
-    at each length (relative_rows' reading: the crossing, else the line through the curve's last tenth),
+    at each length (critical_point's reading, as relative_rows'),
     and relative_loss.growth's exponential fit of that step against the length, as the paper draws it."""
     points = []
     for label, series in relative_series(groups).items():
         if label.startswith('svformer T='):
-            rel = [[s, m] for s, m, _ in series]
-            cross = relative_loss.crossing(rel)
-            step = cross or relative_loss.extrapolated_crossing(rel)
+            step, predicted = critical_point(series)
             if step:
-                points.append((int(label.split('=')[1]), step, '' if cross else 'about '))
+                points.append((int(label.split('=')[1]), step, 'about ' if predicted else ''))
     if len(points) < 2:
         return []
     a, b = relative_loss.growth([(T, step) for T, step, _ in points])

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -756,7 +757,6 @@ def test_the_lengths_report_fits_svformers_critical_point_against_length():
 def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkeypatch):
     """SIGTERM after a run passed the stop check but before its train.py started (its probe was running):
     the run is stopped as it starts, not left to train to its end."""
-    import threading
     monkeypatch.setattr(reproduce, 'stopping', threading.Event())
     reproduce.stopping.set()
     started = time.time()
