@@ -21,8 +21,8 @@
 # The relative training loss (each run's smoothed training loss minus ablation_lambdas_82m.py's Transformer's):
 #   python lab/relative_loss.py out/sec4.4_vanilla out/placement_layer7 out/placement_layers7-8 out/placement_layers6-8 out/placement_layers5-8 out/placement_layers4-8
 #   python lab/relative_loss.py out/sec4.4_vanilla out/placement_layers2-4 out/placement_layers2-4_rescaled out/placement_layers6-8 out/placement_layers6-8_rescaled
-# CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds: layer 7, 6-8, 5-8, 4-8, 2-4, and 2-4
-# and 6-8 rescaled; results/placement/README.md):
+# CPU counterpart (8 layers, d 128, character-level Shakespeare, 3 seeds: layer 7, 7-8, 6-8, 5-8, 4-8, 2-4,
+# and 2-4 and 6-8 rescaled; results/placement/README.md):
 #   python lab/reproduce.py placement
 # Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md).
 import os

@@ -252,7 +252,8 @@ def suite_groups(suite, scale):
     if suite == 'placement':  # v5's placement and Table 10 (second-hand): where V1 goes, and rescaling
         return [(f'{label} L8', dict(flags, **DEPTH[scale]), f'{BASELINE} L8') for label, flags in (
             (BASELINE, dict(variant=BASELINE)),
-            ('layer 7', sparse([7])), ('layers 6-8 (Sparse)', dict(variant='resformer_sparse')),
+            ('layer 7', sparse([7])), ('layers 7-8', sparse([7, 8])),
+            ('layers 6-8 (Sparse)', dict(variant='resformer_sparse')),
             ('layers 5-8', sparse([5, 6, 7, 8])), ('layers 4-8', sparse([4, 5, 6, 7, 8])),
             ('layers 2-4', sparse([2, 3, 4])), ('layers 2-4 rescaled', sparse([2, 3, 4], rescale=True)),
             ('layers 6-8 rescaled', sparse([6, 7, 8], rescale=True)))]
@@ -264,7 +265,6 @@ def sparse(layers, weight=5.0, rescale=False, n_layer=8):
     (0, 1); rescale: post-residual rescaling (v5 Table 10, second-hand; our form, V'_n / (λ1 + λ2))."""
     rows = [[weight if n in layers else 0.0, 1.0] for n in range(1, n_layer + 1)]
     return dict(variant='custom', value_residual=True, lambdas=rows) | (dict(value_rescale=True) if rescale else {})
-    raise ValueError(f"unknown suite {suite!r}")
 
 
 def two_depths(scale):

@@ -213,9 +213,9 @@ def test_run_names_identify_settings():
     # NeuTRENO-ResFormer); svformer 8 (SVFormer at 3 other rates, both at 10x the warmup, SVFormer at 3
     # other sizes); lengths 7 (3 variants at 64 and at 256 tokens, Identity at 512); mapping 2 (first,
     # cross; identity is controls'); shared_qk 2; backbone 2 (GPT-2's blocks); anchors 3; source 6 (adjacent,
-    # previous, second, dense, and without H0 the Transformer and second); placement 6 (Sparse L8 is depth's)
+    # previous, second, dense, and without H0 the Transformer and second); placement 7 (Sparse L8 is depth's)
     muon = sum({4: 3, 8: 1}[depth] for scale, depth in reproduce.MUON_LR if scale == 'cpu')
-    figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 6
+    figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 7
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
                                            + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3)
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
