@@ -26,6 +26,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -1079,6 +1080,16 @@ def critical_point_rows(groups):
             f"| {T} | {about}{step:,.0f} | {math.exp(a + b * T):,.0f} |" for T, step, about in points]
 
 
+def configs_naming(suite, scale):
+    """The config files whose header gives `lab/reproduce.py <suite>` (at the default scale, or with
+    --scale=<scale>) as the CPU counterpart of their runs: the same experiment at full scale (or, for a
+    --scale, at its shape), for the suite's README."""
+    command = re.compile(rf"lab/reproduce\.py {suite}(?!\w)(.*)")
+    return sorted(path.name for path in (REPO / 'config').glob('*.py')
+                  if any((re.search(r'--scale=(\w+)', m[1]) or [None, 'cpu'])[1] in ('cpu', scale)
+                         for m in command.finditer(path.read_text())))
+
+
 def provenance(suite, scale, seeds, results_dir):
     """One line: how many runs the tables hold and which commits trained them, and how many summaries were
     made by code that trains differently (left out of the tables)."""
@@ -1148,13 +1159,16 @@ def write_report(suite, scale, seeds, results_dir):
     out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SCALES[scale]
+    configs = ', '.join(f'[`config/{c}`](../../config/{c})' for c in configs_naming(suite, scale))
     lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
              f"Written by `python lab/reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
              f"from the run summaries in `results/runs/`. Shared settings: "
              + ', '.join(f'{k}={v}' for k, v in base.items())
              + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
              "same seed and settings; 'minutes' is wall time summed over the group's runs. What they show "
-             "against the paper: [results/README.md](../README.md).", '',
+             "against the paper: [results/README.md](../README.md). "
+             + (f"Configs whose header names this suite as their CPU counterpart: {configs}."
+                if configs else "No config in `config/` names this suite."), '',
              provenance(suite, scale, seeds, results_dir),
              ''] + group_rows(groups)
     lines += relative_rows(groups)

@@ -107,6 +107,8 @@ def test_lr_and_kv_reports(tmp_path):
     report = reproduce.write_report('lr', 'cpu', [1337, 1338], tmp_path).read_text()
     assert ('| resformer_identity lr=0.004 | 0.200 / 0.100 = 2.00× | 0.200 / 0.200 = 1.00× | '
             '0.300 / 0.300 = 1.00× |') in report
+    assert ('names this suite as their CPU counterpart: '
+            '[`config/lr_sweep_82m.py`](../../config/lr_sweep_82m.py).') in report
 
     def make_kv(label, settings):
         kv = 1024 if label.startswith('svformer') else 2048
@@ -340,7 +342,20 @@ def test_value_bank_report_gives_kv_and_parameter_ratios(tmp_path):
     write_summaries(tmp_path, 'value_bank', make)
     report = reproduce.write_report('value_bank', 'cpu', [1337, 1338], tmp_path).read_text()
     assert '| value_bank L8 | 0.750 | -0.0500 | 1.005 |' in report
+    assert 'No config in `config/` names this suite.' in report  # not the paper's: no full-scale config
     assert '| svformer L4 | 1.000 | +0.0000 | 1.000 |' in report
+
+
+def test_every_suite_of_the_paper_is_named_by_its_full_scale_config():
+    """Each suite's README links the configs whose header runs it (`lab/reproduce.py <suite>`): every suite
+    has one but the two that are not the paper's experiments. A suite's name inside a longer one's
+    (lr in muon_lr) or another scale's command (value_bank --scale=bpe) does not count."""
+    assert [s for s in reproduce.SUITES if not reproduce.configs_naming(s, 'cpu')] == ['value_embed',
+                                                                                      'value_bank']
+    assert reproduce.configs_naming('lr', 'cpu') == ['lr_sweep_82m.py']
+    assert reproduce.configs_naming('muon_lr', 'cpu') == ['muon_82m.py']
+    assert reproduce.configs_naming('value_bank', 'bpe') == ['small_value_bank.py']
+    assert reproduce.configs_naming('placement', 'gpu') == ['ablation_placement_82m.py']
 
 
 def test_bpe_scale_trains_what_config_small_value_bank_trains():
