@@ -48,7 +48,7 @@ from lab import relative_loss  # lab/relative_loss.py, beside this file (lab.rep
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
           'optimizer', 'share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping',
-          'shared_qk', 'backbone', 'anchors', 'source', 'placement')
+          'shared_qk', 'backbone', 'anchors', 'source', 'placement', 'tuned')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -117,6 +117,16 @@ OPTIMIZER_VARIANTS = [('vanilla', dict(variant='vanilla')),
                       ('value_bank', dict(variant=BASELINE, value_bank=True))]
 LAMBDA_SWEEP = (0.2, 0.5, 0.8, 1, 2, 5)  # ICLR Fig. 8's legend: the weight on V1, V_n's kept at 1
 NEUTRENO_LAMBDAS = (0.2, 0.4, 0.6, 0.8)  # ICLR A.3 Fig. 22's legend (0.4: the paper's and the variant's)
+# Is the gain the variants coping with an untuned schedule? Each model's own sweep of the peak rate x the warm-up
+# (one seed, seed 1337, as muon_lr), at the scale's depth and at 8; then 6 seeds of each model at its own best
+# recipe and at the Transformer's best (TUNED_BEST, filled in from the sweep's results, as MUON_LR). The
+# warm-ups are 1, 4 and 10 times the scale's (8%, 33% and 83% of the run); min_lr stays a tenth of the rate.
+TUNED_MODELS = (BASELINE, 'resformer_identity', 'svformer')
+TUNED_RATES = {'cpu': (1e-3, 2e-3, 4e-3), 'gpu': (3e-4, 6e-4, 1.2e-3), 'bpe': (1e-3, 2e-3, 4e-3)}
+TUNED_WARMUPS = (1, 4, 10)
+TUNED_SEEDS = 6
+# (scale, n_layer, model): its best (learning_rate, warmup_iters) in the sweep (seed 1337's final loss)
+TUNED_BEST = {}
 # Fig. 7 Left and Fig. 14's lengths at 2,048 tokens a step (the paper's 512 to 64,000 at 2M)
 LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [64, 128, 256, 512]}
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
@@ -258,7 +268,28 @@ def suite_groups(suite, scale):
             ('layers 5-8', sparse([5, 6, 7, 8])), ('layers 4-8', sparse([4, 5, 6, 7, 8])),
             ('layers 2-4', sparse([2, 3, 4])), ('layers 2-4 rescaled', sparse([2, 3, 4], rescale=True)),
             ('layers 6-8 rescaled', sparse([6, 7, 8], rescale=True)))]
+    if suite == 'tuned':
+        groups = []
+        for depth, shape in two_depths(scale):
+            warmup = shape.get('warmup_iters', base['warmup_iters'])
+            recipes = [(lr, k * warmup) for lr in TUNED_RATES[scale] for k in TUNED_WARMUPS]
+            groups += [(f'{v} sweep lr={lr:g} warmup={w} L{depth}', dict(shape, **recipe(v, lr, w)),
+                        f'{BASELINE} sweep lr={lr:g} warmup={w} L{depth}')
+                       for lr, w in recipes for v in TUNED_MODELS]
+            if (scale, depth, BASELINE) in TUNED_BEST:  # once the sweep has run at this depth
+                best = TUNED_BEST[scale, depth, BASELINE]
+                groups += [(f'{v} at its best L{depth}', dict(shape, **recipe(v, *TUNED_BEST[scale, depth, v])),
+                            f'{BASELINE} at its best L{depth}') for v in TUNED_MODELS]
+                groups += [(f"{v} at the Transformer's best L{depth}", dict(shape, **recipe(v, *best)),
+                            f'{BASELINE} at its best L{depth}') for v in TUNED_MODELS[1:]]
+        return groups
     raise ValueError(f"unknown suite {suite!r}")
+
+
+def recipe(variant, learning_rate, warmup_iters):
+    """A model's settings at a peak rate and warm-up, min_lr a tenth of the rate (every suite's rule)."""
+    return dict(variant=variant, learning_rate=learning_rate, min_lr=learning_rate / 10,
+                warmup_iters=warmup_iters)
 
 
 def sparse(layers, weight=5.0, rescale=False, n_layer=8):
@@ -334,6 +365,8 @@ EXTRA_SEEDS = {('optimizer', 'cpu', 'L8'): 3, ('optimizer', 'bpe', 'L8'): 3}
 
 def group_seeds(suite, scale, label, seeds):
     """The seeds of one group: seeds, continued by the group's EXTRA_SEEDS."""
+    if suite == 'tuned':  # a sweep's one seed; the tuned groups' TUNED_SEEDS
+        return list(seeds[:1]) if ' sweep ' in label else [seeds[0] + k for k in range(TUNED_SEEDS)]
     extra = EXTRA_SEEDS.get((suite, scale, label.rsplit(' ', 1)[-1]), 0)
     return list(seeds) + [seeds[-1] + 1 + k for k in range(extra)]
 
