@@ -7,9 +7,9 @@ layer 1's values V1 into its own before attention:
 
 λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
 then have no value projection and cache no values. Layers are numbered from 1, as in the paper:
-layer n is blocks[n - 1] and has λ row lambdas[n - 1]. ablations.py extends these classes with the
-paper's baselines and ablations. Citations name the paper's version: ICLR (the ICLR 2025 text,
-OpenReview kn3GT7LbxT) or v5 (arXiv v5, the ACL 2025 version, which we know second-hand).
+layer n is blocks[n - 1] and has λ row lambdas[n - 1]. ablations.py adds the baselines and ablations
+through five hooks that default to the paper: own, attention, block, source_layer, apply_variant's
+presets and lambdas. Cited: ICLR (ICLR 2025, OpenReview kn3GT7LbxT) or v5 (arXiv v5, second-hand).
 """
 
 import math
@@ -27,23 +27,28 @@ VARIANTS = {
     'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
     'svformer': dict(value_residual=True),
 }
+# Their λ, model.lambdas (n_layer, 2): row 1 is (0, 1), rows 2 .. n_layer (on V1, on V_n):
+#   vanilla                   (0, 1)                                                       buffer
+#   resformer_identity        (0.5, 0.5)                                                   buffer
+#   resformer_constant        (2, 1)                                                       buffer
+#   resformer_sparse          (5, 1) in the top 3/8 of the layers, else (0, 1)             buffer
+#   resformer_learnable       (λ_{n,1}, λ_{n,2}) from (0.5, 0.5)                           learned
+#   resformer_learnable_plus  (λ softmax(λ')_n, λ_{n,2}) from n_layer, linspace(0, 1), 0.5 learned
+#   svformer                  (1, 0): layers n > 1 have no W_V                             buffer
 
 
 def variant_lambdas(variant, n_layer, source=1):
-    """The λ table of a value-residual variant: n_layer rows (weight on V1, on V_n); those of layers
-    1 to source (the layer later ones mix in: 1 in the paper) are (0, 1): they mix in nothing."""
+    """A variant's λ (the table above), n_layer rows: (0, 1) for layers 1 to source (paper: 1)."""
     later = range(source + 1, n_layer + 1)
     if variant in ('resformer_identity', 'resformer_learnable'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
     elif variant == 'resformer_constant':
         rows = [(2.0, 1.0) for _ in later]                 # ICLR Fig. 8's best: λ = 2
     elif variant == 'resformer_sparse':
-        # V1 in the top 3/8 of the layers only (of 8: layers 6-8, λ1 = 5: the paper's best)
-        first = n_layer + 1 - (3 * n_layer) // 8
+        first = n_layer + 1 - (3 * n_layer) // 8          # of 8: layers 6-8 (the paper's best)
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ_{n,1} = λ · softmax(λ')_n, λ starts at n_layer. Of λ' the paper says only "stronger
-        # for higher layers": we choose linspace(0, 1), so the top starts at e x the bottom's
+        # λ' from linspace(0, 1), ours: the paper says only "stronger for higher layers" (top: e x)
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -116,8 +121,8 @@ class GPTConfig:
         self.check()
 
     def apply_variant(self, presets=VARIANTS, lambdas=None):
-        """Set the flags and λ (variant_lambdas's, or lambdas) of the named variant; a flag given
-        another value is an error."""
+        """Set the named variant's flags and λ; a flag given another value is an error. presets and
+        lambdas: ablations.py's, which adds its baselines and their λ (SVFormer's anchors too)."""
         need(self.variant in presets, f"unknown variant {self.variant!r}; choose one of: custom, "
                                       f"{', '.join(presets)}")
         defaults = {f.name: f.default for f in fields(self)}
@@ -148,8 +153,7 @@ class GPTConfig:
         need(len(self.lambdas) == self.n_layer,
              f"lambdas must have shape ({self.n_layer}, 2), got {len(self.lambdas)} rows")
         for n, row in enumerate(self.lambdas[:self.source_layer], start=1):
-            need(row == (0.0, 1.0), f"layer {n}'s λ row must be (0, 1): it mixes nothing in, "
-                                    f"got {row}")
+            need(row == (0.0, 1.0), f"layer {n} mixes nothing in: its λ must be (0, 1), not {row}")
         need(self.lambda_mode != 'plus' or all(a > 0 for a, _ in self.lambdas[self.source_layer:]),
              "lambda_mode='plus' needs every later layer's weight on V1 > 0 (it is λ·softmax)")
 
@@ -165,14 +169,13 @@ def need(ok, message):
 
 
 class CausalSelfAttention(nn.Module):
-    """Layer n's attention (n = 1 .. n_layer): vanilla, ResFormer or SVFormer, cached or not.
-    own: the projections it has besides W_O; None: the paper's (SVFormer's layers have no W_V)."""
+    """Layer n's attention (n = 1 .. n_layer): vanilla, ResFormer or SVFormer, cached or not. own:
+    its projections but W_O; None: the paper's (no W_V in SVFormer); ablations.py's CLA: fewer."""
 
     def __init__(self, config, n, own=None):
         super().__init__()
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.n_head, self.n_kv_head, self.dropout = config.n_head, config.n_kv_head, config.dropout
         self.head_dim = config.n_embd // config.n_head
-        self.dropout = config.dropout
         d, kv_dim = config.n_embd, config.n_kv_head * self.head_dim
         self.takes_v1 = config.value_residual and n > 1  # ResFormer: mixes V1 into its values
         self.svformer = config.is_svformer_layer(n)      # SVFormer: attends over V1 alone
@@ -268,7 +271,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Layer n: pre-norm attention, then the MLP. attention: ablations.py passes its own."""
+    """Layer n: pre-norm attention, then the MLP. attention: its class (ablations.py's own)."""
 
     def __init__(self, config, n, attention=CausalSelfAttention):
         super().__init__()
@@ -284,7 +287,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The paper's model. block: the type of its layers (ablations.py passes its own)."""
+    """The paper's model. block: the class of its layers (ablations.py passes its own)."""
 
     def __init__(self, config, block=Block):
         super().__init__()
@@ -311,8 +314,7 @@ class GPT(nn.Module):
         normal_init(self.modules())
 
     def store_lambdas(self, config):
-        """λ of the layers that mix V1 in, as lambda_mode needs: a fixed table, or the paper's
-        λ_{n,1} and λ_{n,2} (Plus: λ and λ') as parameters under 2 dims, never weight-decayed."""
+        """λ of layers n > 1 (the table under VARIANTS): a buffer, or parameters (never decayed)."""
         rows = config.lambdas[config.source_layer:] if config.value_residual else \
             [(0.0, 1.0)] * (config.n_layer - config.source_layer)
         later = torch.tensor(rows).view(len(rows), 2)
@@ -387,9 +389,8 @@ class GPT(nn.Module):
 
     def kv_bytes_per_token(self, element_size=2):
         """Bytes a KV cache holds per position: K and V of every slot, element_size bytes each."""
-        n_k, n_v = self.kv_slots
         head_dim = self.config.n_embd // self.config.n_head
-        return (n_k + n_v) * self.config.n_kv_head * head_dim * element_size
+        return sum(self.kv_slots) * self.config.n_kv_head * head_dim * element_size
 
     @torch.no_grad()
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True,
@@ -418,7 +419,6 @@ class GPT(nn.Module):
             idx = torch.cat([idx, next_token], dim=1)
             yield next_token
 
-    @torch.no_grad()
     def generate(self, idx, max_new_tokens, *args, **kwargs):
         """idx (B, T) extended by max_new_tokens tokens (generate_tokens's other arguments)."""
         return torch.cat([idx, *self.generate_tokens(idx, max_new_tokens, *args, **kwargs)], dim=1)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import ablations as ablations_module
 from ablations import (BASELINES, AblationAttention, AblationConfig, AblationGPT, TokenKVCache, ablations,
                        build_model)
+from configurator import configure
 from model import GPT, VARIANTS, CausalSelfAttention, GPTConfig, KVCache
 from vrl import metrics
 from vrl.optim import configure_optimizers
@@ -1184,6 +1185,60 @@ def test_learnable_lambdas_start_at_config_and_train(variant):
     assert (after[1:] - start[1:]).abs().min() > 1e-3       # every later λ trained, on both V1 and V_n
 
 
+def train_py_model(variant, n_layer=8):
+    """The model train.py builds for --variant=variant: configure's settings (every field of
+    AblationConfig, at its default unless set), an AblationConfig of them, then build_model."""
+    settings = configure(dict(variant='resformer_identity', n_layer=4, n_head=4, n_embd=32),
+                         [f'--variant={variant}', f'--n_layer={n_layer}'], fields_of=AblationConfig,
+                         except_fields=('vocab_size',), verbose=False)
+    config = AblationConfig(**{f.name: settings[f.name] for f in dataclasses.fields(AblationConfig)
+                               if f.name in settings}, vocab_size=64)
+    return build_model(config)
+
+
+PLUS_8 = [math.exp(j / 6) for j in range(7)]  # Learnable-Plus at 8 layers: λ' from linspace(0, 1)
+PAPER_LAMBDAS_8 = {  # model.py's table under VARIANTS: rows 2 .. 8 (on V1, on V_n), as they start
+    'vanilla': [(0, 1)] * 7, 'resformer_identity': [(0.5, 0.5)] * 7,
+    'resformer_constant': [(2, 1)] * 7, 'resformer_sparse': [(0, 1)] * 4 + [(5, 1)] * 3,
+    'resformer_learnable': [(0.5, 0.5)] * 7, 'svformer': [(1, 0)] * 7,
+    'resformer_learnable_plus': [(8 * w / sum(PLUS_8), 0.5) for w in PLUS_8]}
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_train_py_gives_each_paper_variant_model_py_lambdas(variant):
+    """train.py builds an AblationConfig (GPTConfig plus the ablations' flags, here at their
+    defaults); build_model then builds model.py's GPT itself, with the λ of
+    GPT(GPTConfig(variant=...)) and of model.py's table, kept as it says: a buffer, or learned."""
+    model = train_py_model(variant)
+    paper = GPT(GPTConfig(variant=variant, n_layer=8, n_head=4, n_embd=32, vocab_size=64))
+    assert type(model) is GPT
+    assert torch.equal(model.lambdas, paper.lambdas)
+    table = torch.tensor([(0.0, 1.0)] + PAPER_LAMBDAS_8[variant])
+    torch.testing.assert_close(model.lambdas.detach(), table)
+    learned = {name: p.detach() for name, p in model.named_parameters() if 'lambda' in name}
+    if variant == 'resformer_learnable':
+        assert learned.keys() == {'lambda_1', 'lambda_2'}
+        assert learned['lambda_1'].tolist() == learned['lambda_2'].tolist() == [0.5] * 7
+    elif variant == 'resformer_learnable_plus':  # λ_{n,1} = λ softmax(λ')_n
+        assert learned.keys() == {'lambda_scale', 'lambda_prime', 'lambda_2'}
+        assert learned['lambda_scale'].shape == () and learned['lambda_scale'] == pytest.approx(8)
+        prime = learned['lambda_prime']
+        torch.testing.assert_close(prime - prime[0], torch.linspace(0, 1, 7))  # up to a constant
+        assert learned['lambda_2'].tolist() == [0.5] * 7
+    else:  # a fixed table: a buffer, not saved (the config holds λ)
+        assert not learned and model.lambdas is model.fixed_lambdas
+        assert 'fixed_lambdas' not in model.state_dict()
+
+
+def test_model_py_lambda_table_lists_every_variant_and_how_it_is_kept():
+    """model.py's table under VARIANTS names each variant once, 'learned' where GPT learns λ."""
+    source = Path(__file__).with_name('model.py').read_text(encoding='utf-8')
+    rows = re.findall(r"^#   (\w+) .* (buffer|learned)$", source, flags=re.M)
+    assert [name for name, _ in rows] == list(VARIANTS)
+    for name, kept in rows:
+        assert (kept == 'learned') == (GPTConfig(variant=name).lambda_mode != 'fixed'), name
+
+
 # ---------------------------------------------------------------------------------------- optimizer
 
 @pytest.mark.parametrize('kw', [
@@ -1453,9 +1508,9 @@ def test_bad_config_messages_name_the_problem():
     assert 'n_head' in message(n_embd=30) and 'n_kv_head' in message(n_kv_head=3)
     assert 'resformer_bogus' in message(variant='resformer_bogus')
     assert 'share_kv' in message(variant='cla', share_kv='k')
-    assert "layer 1's λ row" in message(value_residual=True, lambdas=[(0.5, 0.5)] * 4)
-    assert "layer 2's λ row" in message(value_residual=True, residual_from='second',
-                                        lambdas=[(0, 1)] + [(0.5, 0.5)] * 3)
+    assert "layer 1 mixes nothing in" in message(value_residual=True, lambdas=[(0.5, 0.5)] * 4)
+    assert "layer 2 mixes nothing in" in message(value_residual=True, residual_from='second',
+                                                 lambdas=[(0, 1)] + [(0.5, 0.5)] * 3)
     for kw, words in [(dict(n_kv_head=2.5), ('n_kv_head', 'positive int')),
                       (dict(ffn_hidden=-3), ('ffn_hidden', 'positive')),
                       (dict(rope_theta=0.0), ('rope_theta', 'positive')),
