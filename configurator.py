@@ -1,30 +1,19 @@
-"""Override a script's default settings from config files and --key=value arguments.
-
-train.py, sample.py and analyze.py keep their settings as plain globals, then hand them to `configure`:
-
-    import sys
-    from configurator import configure
-    n_layer = 12  # transformer blocks
-    dropout = 0.0
-    n_kv_head = None  # None = n_head
-    out_dir = 'out'
-    config_keys = [k for k, v in globals().items() if not k.startswith('_')
-                   and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:],
-                               types={'n_kv_head': int}, script=__file__))
+"""
+nanoGPT's configurator as a function that checks. After its default settings, train.py calls
+    config = configure(globals(), sys.argv[1:], script=__file__, fields_of=AblationConfig, ...)
+which returns a new dict of every setting: the script's globals bound to literals (not starting with
+'_') and AblationConfig's fields, then the arguments applied left to right, later ones winning:
+`name.py` runs a config file and takes its top-level assignments, `--key=value` sets one key (a
+Python literal; a str setting takes the text as typed: --init_from=resume). A value must fit its
+default's type (an int does for a float; a None default takes None or its type in `types`). An
+unknown key, a wrong type or a broken config file stops with one line, "config error: ..."; --help
+prints every setting, its default and comment. train.py then runs globals().update(config).
 
     $ python train.py config/shakespeare_char.py --n_layer=4 --dropout=0 --out_dir=out/lr=1e-3
-    $ python train.py --help
 
-Arguments are applied left to right, so later ones win:
-  - `name.py` runs a config file; its top-level assignments become overrides.
-  - `--key=value` sets one key; the value is a Python literal (`4`, `0.1`, `True`, `[[0, 1], [0.5, 0.5]]`).
-    A str setting takes the text as typed, so `--init_from=resume` needs no quotes.
-  - `--help` or `-h` prints every setting with its default and comment, grouped by the script's own
-    comment lines, and exits. A setting's comment may go on below it, on lines starting `#   `.
-Each value must fit the type of its default (an int is fine for a float, never the reverse). A setting
-whose default is None takes None or the type given for it in `types` (any literal if none is given).
-Any mistake stops the program with one line that starts with "config error".
+sample.py and the lab's scripts pass a dict of their settings instead of globals(). --help groups
+the settings under the script's whole-line comments; a setting's comment may go on below it, on
+lines starting `#   `.
 """
 import ast
 import dataclasses
@@ -46,10 +35,11 @@ def configure(defaults, argv, types=None, script=None, verbose=True, log_to=None
     defaults: {setting: default}, or a script's globals(), whose settings are the names bound to literal
     values (bool, int, float, str, tuple, list, None) that do not start with '_'.
 
-    types: {key: type} for settings whose default is None, e.g. {'n_kv_head': int, 'lambdas': list}.
+    types: {key: type} for settings whose default is None (train.py: {'compile': bool}).
     script: the caller's file (__file__); --help reads its comments.
     fields_of: a dataclass whose fields (but except_fields) are settings too, at the dataclass's defaults
-    unless `defaults` has them (train.py's GPTConfig); --help gives each its docstring.
+    unless `defaults` has them (train.py: AblationConfig, but vocab_size, which the data sets); --help
+    gives each its docstring.
     verbose: print an 'Overriding: key = value' line per override, to log_to (None = stdout)."""
     defaults = {k: v for k, v in defaults.items() if not k.startswith('_') and isinstance(v, LITERAL_TYPES)}
     more_help = None

@@ -313,6 +313,17 @@ def test_help_of_the_real_scripts_lists_every_setting(script):
             assert shown[name].endswith(f'  {docs[name]}'), (name, shown[name])
 
 
+def test_the_call_the_docstring_shows_is_train_pys():
+    """configurator.py's docstring shows train.py's own call to configure (up to its '...')."""
+    import configurator
+    shown = [line.strip() for line in configurator.__doc__.splitlines() if 'configure(' in line]
+    with open(os.path.join(HERE, 'train.py'), encoding='utf-8') as f:
+        train = ' '.join(f.read().split())  # its call over several lines, on one
+    assert shown and all(call.endswith(', ...)') for call in shown)
+    for call in shown:
+        assert call[:-len(' ...)')] in train, call
+
+
 def test_field_docs_walk_the_dataclass_bases():
     """A subclass's field_docs hold its base's fields' docstrings as well as its own, each on one line."""
     docs = field_docs(AblationConfig)
