@@ -7,6 +7,7 @@ import ast
 import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -347,24 +348,165 @@ def train_settings(**changes):
     return train_defaults() | changes
 
 
-def test_settings_check_refuses_slurm_tasks_without_torchrun(monkeypatch):
-    monkeypatch.delenv('RANK', raising=False)
-    monkeypatch.setenv('SLURM_NTASKS', '1')
+def test_settings_check_refuses_the_tasks_of_one_srun_step_without_torchrun(monkeypatch, capsys):
+    """srun's step counts, not the allocation's: one python in a batch script of a 4-task allocation
+    trains; 2 tasks of one srun step are refused by task 0 in one line that names a command for N nodes
+    and the override, and task 1 ends quietly."""
+    for name in 'RANK', 'SLURM_STEP_NUM_TASKS', 'SLURM_PROCID':
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('SLURM_NTASKS', '4')  # the batch script's allocation, no step
     settings.check(train_settings(), 1)
-    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    monkeypatch.setenv('SLURM_PROCID', '0')
     with pytest.raises(SystemExit) as refused:
         settings.check(train_settings(), 1)
     assert refused.value.code == (
-        "train.py: 2 SLURM tasks but no torchrun: each would train alone; start one task per node with "
-        "`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...` (docs/training.md)")
-    monkeypatch.setenv('RANK', '0')  # torchrun under srun: fine
+        "train.py: 2 tasks in this srun step but no torchrun: each would train alone on GPU 0; on N nodes "
+        "run `srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc_per_node=8 "
+        "--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:29500 train.py ...` (docs/training.md), or, to "
+        "train in one process on purpose, `SLURM_STEP_NUM_TASKS=1 python train.py ...`")
+    monkeypatch.setenv('SLURM_PROCID', '1')
+    with pytest.raises(SystemExit) as quiet:
+        settings.check(train_settings(), 1)
+    assert quiet.value.code == 1
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '1')  # the override
     settings.check(train_settings(), 1)
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    monkeypatch.setenv('RANK', '0')  # torchrun under srun: fine
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')
+    settings.check(train_settings(), 1)
+    assert capsys.readouterr().err == ''
+
+
+def test_ranks_set_without_torchrun_are_refused_or_warned_in_one_line(monkeypatch, capsys):
+    """RANK=0 WORLD_SIZE=2 from something other than torchrun: with nowhere to meet, refused in one line;
+    with MASTER_ADDR and MASTER_PORT, rank 0 says in one line that it waits for the other rank."""
+    for name in 'SLURM_STEP_NUM_TASKS', 'TORCHELASTIC_RUN_ID', 'MASTER_ADDR', 'MASTER_PORT', \
+            'LOCAL_WORLD_SIZE':
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('RANK', '0')
+    with pytest.raises(SystemExit) as refused:
+        settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert refused.value.code == ("train.py: RANK=0 WORLD_SIZE=2 without MASTER_ADDR and MASTER_PORT: "
+                                  "the ranks have nowhere to meet; launch with torchrun (docs/training.md)")
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    monkeypatch.setenv('MASTER_PORT', '29500')
+    settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert capsys.readouterr().err == (
+        "train.py: RANK=0 WORLD_SIZE=2 come from outside torchrun: rank 0 waits, silently, at "
+        "127.0.0.1:29500 until all 2 ranks have started; Ctrl-C if they never will\n")
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')  # torchrun's: nothing to say
+    settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert capsys.readouterr().err == ''
+
+
+@pytest.fixture
+def second_node(monkeypatch):
+    """The environment torchrun gives a rank on node 1 of 2 (one rank each), GLOO_SOCKET_IFNAME unset,
+    and a host name, node1, that resolves to 127.0.1.1 as Debian's /etc/hosts makes it."""
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME', raising=False)
+    for name, value in dict(RANK='1', LOCAL_WORLD_SIZE='1', WORLD_SIZE='2', MASTER_PORT='29500').items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(settings.socket, 'gethostname', lambda: 'node1')
+    real_getaddrinfo = settings.socket.getaddrinfo
+
+    def getaddrinfo(host, *args):
+        if host == 'nowhere':
+            raise settings.socket.gaierror(settings.socket.EAI_NONAME, 'Name or service not known')
+        return real_getaddrinfo('127.0.1.1' if host in ('node0', 'node1') else host, *args)
+    monkeypatch.setattr(settings.socket, 'getaddrinfo', getaddrinfo)
+
+
+def test_gloo_takes_the_interface_of_the_route_to_master_addr(second_node, monkeypatch):
+    """A multi-node launch without GLOO_SOCKET_IFNAME: set to the interface of the route to MASTER_ADDR
+    (here this machine's own, its address taken as node 0's), never the loopback the host name gives."""
+    interfaces = settings.ipv4_interfaces()
+    network = {name: address for name, address in interfaces.items()
+               if not settings.is_loopback(address)}
+    if not network:
+        pytest.skip('this machine has no network interface with an IPv4 address')
+    name, address = next(iter(network.items()))
+    monkeypatch.setenv('MASTER_ADDR', address)
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == name
+    monkeypatch.setenv('GLOO_SOCKET_IFNAME', 'ib0')  # the user's choice stays
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'ib0'
+
+
+def test_gloo_on_a_host_name_that_resolves_to_loopback_is_set_or_refused(second_node, monkeypatch):
+    """Node 0's own name resolves to 127.0.1.1, so its route to MASTER_ADDR is loopback: its one network
+    interface serves; with two it cannot tell which, and says so in one line naming the variable. All
+    "nodes" on one machine (MASTER_ADDR loopback): loopback. One node alone: nothing to set."""
+    monkeypatch.setenv('MASTER_ADDR', 'node0')
+    addresses = {'lo': '127.0.0.1', 'eth0': '192.0.2.2'}
+    monkeypatch.setattr(settings, 'ipv4_interfaces', lambda: addresses)
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'eth0'
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME')
+    addresses['ib0'] = '10.0.0.2'
+    with pytest.raises(SystemExit) as refused:
+        settings.gloo_interface()
+    assert refused.value.code == (
+        "train.py: this host's name node1 resolves to loopback and the route to MASTER_ADDR=node0 names "
+        "no network interface, so gloo would listen where no other node can reach it; set "
+        "GLOO_SOCKET_IFNAME to the interface the nodes reach each other on (this node has: eth0, ib0)")
+    monkeypatch.setenv('MASTER_ADDR', 'nowhere')  # a name that resolves to nothing: the same line
+    with pytest.raises(SystemExit, match='MASTER_ADDR=nowhere names no network'):
+        settings.gloo_interface()
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'lo'
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME')
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')  # both ranks on this node
+    settings.gloo_interface()
+    assert 'GLOO_SOCKET_IFNAME' not in os.environ
+
+
+# a rank of a two-node launch: its host name resolves to 127.0.1.1 (Debian's /etc/hosts), it names gloo's
+# interface as train.py does, then all-reduces its rank over gloo (a 30 s timeout: a wrong address fails)
+GLOO_RANK = """import os, socket, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from vrl import settings
+lookup = socket.getaddrinfo
+socket.gethostname = lambda: 'node' + os.environ['RANK']
+socket.getaddrinfo = lambda host, *a: lookup('127.0.1.1' if host.startswith('node') else host, *a)
+settings.gloo_interface()
+dist.init_process_group('gloo', timeout=timedelta(seconds=30))
+total = dist.all_reduce(ones := dist.torch.ones(1)) or ones.item()
+print(os.environ['RANK'], os.environ['GLOO_SOCKET_IFNAME'], total, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason='needs torch.distributed with gloo')
+def test_two_simulated_nodes_whose_host_names_resolve_to_loopback_meet_over_gloo(tmp_path):
+    """Two torchruns of one rank each, as two nodes start them, on one machine: each sets the interface
+    of its route to MASTER_ADDR (loopback here, where both "nodes" are) and the two ranks all-reduce."""
+    script = tmp_path / 'gloo_rank.py'
+    script.write_text(GLOO_RANK)
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != 'GLOO_SOCKET_IFNAME'} | {'OMP_NUM_THREADS': '1'}
+    nodes = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2',
+                               '--nproc_per_node=1', f'--node_rank={node}', '--master_addr=localhost',
+                               f'--master_port={port}', script, REPO], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in (0, 1)]
+    outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert [output.splitlines()[-1] for output in outputs] == ['0 lo 2.0', '1 lo 2.0']
 
 
 def test_settings_check_refuses_passes_that_do_not_split_over_the_ranks(monkeypatch):
     """gradient_accumulation_steps counts a step's passes over all ranks together (nanoGPT's meaning), so
     it must be a multiple of the world size."""
-    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    monkeypatch.delenv('SLURM_STEP_NUM_TASKS', raising=False)
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
     settings.check(train_settings(gradient_accumulation_steps=4), 2)
     settings.check(train_settings(gradient_accumulation_steps=3), 1)
     with pytest.raises(SystemExit) as refused:
