@@ -96,6 +96,57 @@ def test_argument_errors_are_one_line():
                                 "see `python tool.py --help`")
 
 
+class FailingStream:
+    """A stream whose every write and flush fails with error."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    flush = write
+
+
+def test_a_closed_pipe_or_terminal_is_dropped_and_other_write_errors_are_not():
+    for gone in BrokenPipeError(errno.EPIPE, 'Broken pipe'), OSError(errno.EIO, 'Input/output error'):
+        stream = cli.ClosedStdoutIgnored(FailingStream(gone))
+        assert stream.write('step 1\n') == 7 and stream.closed_by_reader
+        stream.flush()
+    with pytest.raises(OSError, match='No space'):  # not the reader's going: a real error
+        cli.ClosedStdoutIgnored(FailingStream(OSError(errno.ENOSPC, 'No space left'))).write('x')
+
+
+# writes to its terminal (stdout and stderr) until the terminal is gone, then saves, as a training run's stop
+# after a dropped ssh session must
+AFTER_A_HANGUP = """import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from vrl import cli
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # train.py's: a stop, noted
+cli.keep_going_without_stdout()
+print('ready', flush=True)
+for _ in range(40):
+    print('step', flush=True)
+    sys.stderr.write('progress\\n')
+    time.sleep(0.05)
+open(sys.argv[2], 'w').write('saved')
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, 'openpty'), reason='needs a pseudo-terminal')
+def test_a_run_whose_terminal_closes_keeps_going_and_saves(tmp_path):
+    """An ssh session dropped mid-run closes the terminal: writes then fail with EIO, which the run drops
+    as it drops a closed pipe's, and goes on to save."""
+    terminal, its_end = os.openpty()
+    process = subprocess.Popen([sys.executable, '-c', AFTER_A_HANGUP, REPO, tmp_path / 'saved'],
+                               stdout=its_end, stderr=its_end, start_new_session=True)
+    os.close(its_end)
+    assert os.read(terminal, 100).startswith(b'ready')
+    os.close(terminal)  # the session drops
+    assert process.wait(timeout=60) == 0
+    assert (tmp_path / 'saved').read_text() == 'saved'
+
+
 def test_refuse_pipe_refuses_a_pipe_and_leaves_the_rest_to_open(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(SystemExit) as refused:
