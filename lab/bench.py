@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configurator import _read_config_file, configure
 from ablations import BASELINES, AblationConfig, build_model
 from model import GPT, VARIANTS, GPTConfig
-from vrl import hardware, metrics, optim
+from vrl import cli, hardware, metrics, optim
 from vrl.settings import model_config
 
 PRESETS = VARIANTS | BASELINES  # every named variant: the paper's (model.py) and the baselines (ablations.py)
@@ -124,6 +124,7 @@ if '--smoke=True' in argv:  # tiny defaults, which other arguments still overrid
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
         1, 1, 1, (2, 4), 1, 0, (1, 2))
     batch_size, block_size = 2, 32
+cli.keep_going_without_stdout()  # `--help | head` ends quietly; a closed stdout stops no check
 globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr,
                            types={'min_mfu': float, 'min_allreduce_gbps': float}))
 SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"

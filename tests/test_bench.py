@@ -20,6 +20,7 @@ import torch
 from ablations import BASELINES
 from configurator import _read_config_file
 from model import VARIANTS
+from testing import with_stdout_closed
 from vrl.data import load_meta, open_split
 
 PRESETS = VARIANTS | BASELINES  # bench.py's: the paper's variants and the baselines
@@ -44,6 +45,12 @@ def test_smoke_says_at_the_top_and_beside_every_table_that_its_numbers_mean_noth
     assert len(headings) >= 4 and all(line.endswith(f' ({warning})') for line in headings)
     assert smoke[1]['notes'][0] == warning
     assert smoke[1]['settings']['rounds'] == 1 and 'loop' not in smoke[1]  # one round, no train.py runs
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`python lab/bench.py --help | head`: no BrokenPipeError once head has its lines."""
+    result = with_stdout_closed([sys.executable, 'lab/bench.py', '--help'], cwd=HERE)
+    assert (result.returncode, result.stderr) == (0, '')
 
 
 def test_help_lists_every_setting_with_its_default_and_a_comment():
