@@ -5,6 +5,7 @@ checks, settings.check, the whole-checkpoint checksum and old checkpoints' names
 
 import ast
 import errno
+import io
 import json
 import os
 import socket
@@ -319,6 +320,21 @@ def tiny_data(folder, vocab=3, **meta):
 def open_tiny(folder):
     return data.open_dataset(folder, block_size=8, seed=1, data_order='random', steps=10, global_batch=4,
                              eval_iters=2, batch_size=2, every_window=False)
+
+
+def test_a_ranks_own_data_error_is_printed_though_prepare_py_words_it(monkeypatch):
+    """A rank other than 0 whose node lacks a data file ends before the loop with prepare.py's line: held
+    while rank 0 might say it too, then printed, marked with the rank, rather than nowhere."""
+    from vrl import stops
+    monkeypatch.setattr(stops, 'LONE_FAILURE_WAIT', 0)
+    monkeypatch.setattr(stops.signal, 'signal', lambda *args: None)
+    monkeypatch.setenv('RANK', '1')
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, 'stderr', stops.Quiet(terminal))
+    line = "prepare.py: data/x/train.bin not found; run `python prepare.py` again"
+    sys.stderr.write(line + '\n')
+    sys.stderr.say_a_lone_failure()
+    assert terminal.getvalue() == f"[rank 1, before training] {line}\n"
 
 
 def test_open_dataset_reads_a_prepared_folder(tmp_path):
