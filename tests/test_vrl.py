@@ -322,6 +322,26 @@ def open_tiny(folder):
                              eval_iters=2, batch_size=2, every_window=False)
 
 
+def test_uint32_token_ids_with_a_meta_json_edited_to_match_are_refused(tmp_path):
+    """Token ids written as uint32, meta.json's counts doubled to match their bytes: read as uint16 every
+    other id is 0, which open_dataset refuses in one line instead of training on it."""
+    import numpy as np
+    folder = tmp_path / 'wide'
+    folder.mkdir()
+    tokens = {'train.bin': 1000, 'val.bin': 300}
+    for name, count in tokens.items():
+        (np.arange(count) % 3).astype(np.uint32).tofile(folder / name)
+    (folder / 'meta.json').write_text(json.dumps({
+        'tokenizer': 'char', 'vocab_size': 3, 'chars': ['a', 'b', 'c'], 'max_token': 2,
+        'files': {name: 2 * count for name, count in tokens.items()}}))
+    with pytest.raises(SystemExit) as refused:
+        open_tiny(str(folder))
+    assert refused.value.code == (
+        f"prepare.py: the val data in {folder} has token id 0 at every odd place, as uint32 (or wider) token "
+        f"ids read as prepare.py's uint16 do; run `python prepare.py --input=YOUR_CORPUS --out_dir={folder}` "
+        f"again")
+
+
 def test_a_ranks_own_data_error_is_printed_though_prepare_py_words_it(monkeypatch):
     """A rank other than 0 whose node lacks a data file ends before the loop with prepare.py's line: held
     while rank 0 might say it too, then printed, marked with the rank, rather than nowhere."""
