@@ -105,7 +105,8 @@ if __name__ == '__main__':
         out, kind, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     except (IndexError, ValueError):
         kind = seconds = None
-    if len(sys.argv) != 4 or kind not in ('cuda', 'cpu') or not 0 <= seconds < 3600 or 'RANK' not in os.environ:
+    if (len(sys.argv) != 4 or kind not in ('cuda', 'cpu') or not 0 <= seconds < 3600
+            or 'RANK' not in os.environ):
         raise SystemExit("node_probe.py: run it under torchrun with the JSON file to write, the device kind "
                          "and the seconds each GPU burns: torchrun --standalone --nproc_per_node=8 "
                          "lab/node_probe.py out/probe.json cuda 30")

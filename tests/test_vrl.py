@@ -588,6 +588,25 @@ def test_two_simulated_nodes_whose_host_names_resolve_to_loopback_meet_over_gloo
     assert [output.splitlines()[-1] for output in outputs] == ['0 lo 2.0', '1 lo 2.0']
 
 
+def test_an_empty_or_unwritable_out_dir_is_named_in_one_line(tmp_path):
+    """An empty out_dir and an existing folder that takes no file (/proc's, or a chmod'ed one where chmod
+    binds) are said as such, not as a blank path or a lock held by an unknown process; eval_only, which
+    writes nothing, may read a run in either."""
+    with pytest.raises(SystemExit) as refused:
+        settings.check_settings(train_settings(out_dir=''))
+    assert refused.value.code == "train.py: out_dir=''; name the run's folder, e.g. --out_dir=out/run"
+    folder = tmp_path / 'read_only'
+    folder.mkdir()
+    folder.chmod(0o555)
+    unwritable = str(folder) if not os.access(folder, os.W_OK) else '/proc/1'  # root: chmod binds not
+    with pytest.raises(SystemExit) as refused:
+        settings.check_settings(train_settings(out_dir=unwritable))
+    assert refused.value.code == (f"train.py: cannot write to {unwritable} (permission denied); pick another "
+                                  f"--out_dir")
+    settings.check_settings(train_settings(out_dir=unwritable, eval_only=True))
+    settings.check_settings(train_settings(out_dir=str(tmp_path / 'new' / 'run')))
+
+
 def test_settings_check_refuses_passes_that_do_not_split_over_the_ranks(monkeypatch):
     """gradient_accumulation_steps counts a step's passes over all ranks together (nanoGPT's meaning), so
     it must be a multiple of the world size."""

@@ -38,6 +38,12 @@ def check_settings(config, world_size=1):
     that cannot start changes nothing on disk."""
     c = SimpleNamespace(**config)
     for ok, problem in [
+        (str(c.out_dir).strip() != '',
+         f"out_dir={c.out_dir!r}; name the run's folder, e.g. --out_dir=out/run"),
+        # a folder that exists and takes no file (/proc/1), before the lock in it is tried; eval_only writes
+        # nothing there
+        (c.eval_only or not os.path.isdir(c.out_dir) or os.access(c.out_dir, os.W_OK | os.X_OK),
+         f"cannot write to {c.out_dir} (permission denied); pick another --out_dir"),
         (c.init_from in ('scratch', 'resume'), f"init_from={c.init_from!r}; use 'scratch' or 'resume'"),
         (not (c.overwrite and c.init_from == 'resume'),
          "overwrite=True starts over and init_from='resume' continues; pick one"),
