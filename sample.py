@@ -38,6 +38,7 @@ use_cache = True  # decode with the KV cache (False recomputes the whole context
 compile = False  # torch.compile the model: once for the prompt and once for single tokens, not per step
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
+cli.keep_going_without_stdout()  # `python sample.py --help | head` ends quietly
 globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], script=__file__,
                            log_to=sys.stderr))
 # -----------------------------------------------------------------------------

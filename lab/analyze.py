@@ -80,6 +80,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -89,7 +90,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import configure
 from ablations import AblationGPT, ablations, attention_probs, cross_attention
-from vrl import hardware, run_folder
+from vrl import cli, hardware, run_folder
 from vrl.metrics import mean_domain_losses as mean_of_domains
 from vrl.data import load_meta, open_split, prepare_command
 from vrl.tokenizer import load_tokenizer
@@ -108,6 +109,8 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_')
 # -----------------------------------------------------------------------------
 # (the settings are applied at the bottom, so that
 # `import analyze` gives the metric functions and runs nothing)
+
+MAX_SEQS = 10_000  # windows at most: each is a forward pass per run, and all are held at once
 
 CONCENTRATION = {  # name: column title
     'entropy': 'entropy', 'entropy_rel': 'entropy/ln T', 'value_norm': 'value norm',
@@ -366,7 +369,8 @@ def doc_start_windows(data_dir, meta, tokens, num_seqs, seq_len):
     if not starts:
         raise SystemExit(f"analyze.py: no validation document in {data_dir} starts {room} tokens before the "
                          f"end of the split; use a smaller --seq_len or --windows=mid_text")
-    picked = sorted({starts[i] for i in np.linspace(0, len(starts) - 1, num_seqs).round().astype(int)})
+    picked = sorted({starts[i] for i in np.linspace(0, len(starts) - 1, min(num_seqs, len(starts)))
+                     .round().astype(int)})
     if len(picked) < num_seqs:
         print(f"note: {data_dir} has {len(picked)} validation document starts to use, "
               f"fewer than num_seqs={num_seqs}")
@@ -549,9 +553,9 @@ def main(run_args):
                          "`python lab/analyze.py out/ablation_vanilla out/ablation_resformer_identity`")
     if windows not in ('doc_start', 'mid_text'):
         raise SystemExit(f"analyze.py: windows={windows!r}; use 'doc_start' or 'mid_text'")
-    if num_seqs < 1 or seq_len < 2:
-        raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; "
-                         f"use at least 1 sequence of 2 tokens")
+    if not 1 <= num_seqs <= MAX_SEQS or seq_len < 2:
+        raise SystemExit(f"analyze.py: num_seqs={num_seqs}, seq_len={seq_len}; use 1 to {MAX_SEQS:,} "
+                         f"sequences of 2 tokens or more")
     # out, or the part of its path that exists: it must be a folder, checked now
     existing = os.path.abspath(out)
     while not os.path.exists(existing):  # rather than after all the computing
@@ -559,6 +563,12 @@ def main(run_args):
     if not os.path.isdir(existing):
         raise SystemExit(f"analyze.py: out={out!r} cannot be a folder: {existing} is a file; "
                          f"choose another --out")
+    try:  # writable: a file made and gone where out's files, or out itself, will be made
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise SystemExit(f"analyze.py: out={out!r} cannot be written: {existing} refuses a new file "
+                         f"({e.strerror}); choose another --out") from None
     # all checkpoints first: they must share a vocabulary, and the smallest block_size caps the window length
     models = load_models(run_args)
     length = min([seq_len] + [model.config.block_size for model, _ in models.values()])
@@ -587,14 +597,19 @@ def main(run_args):
             print("val loss by domain at the checkpoint (train.py's last evaluation, mean over runs): "
                   + ', '.join(f"{d} {v:.4f}" for d, v in groups[label]['val_loss_domains'].items()))
     print(f"(entropy is at most ln {length} = {math.log(length):.4f})")
-    write_files(groups, {'data_dir': data_dir, 'split': 'val', 'windows': windows, 'seq_len': length,
-                         'offsets': starts})
-    plot(groups, f"{len(starts)} x {length} val tokens, {windows}")
+    try:  # a disk that fills, or a quota, now
+        write_files(groups, {'data_dir': data_dir, 'split': 'val', 'windows': windows, 'seq_len': length,
+                             'offsets': starts})
+        plot(groups, f"{len(starts)} x {length} val tokens, {windows}")
+    except OSError as e:
+        raise SystemExit(f"analyze.py: could not write to {out} ({e.strerror}); the tables above are all "
+                         f"that was kept: free space, or choose another --out") from None
 
 
 if __name__ == '__main__':
     # arguments that are not settings (-...) or config files name the runs
     run_args = [a for a in sys.argv[1:] if not a.startswith('-') and not a.endswith('.py')]
+    cli.keep_going_without_stdout()  # `--help | head` ends quietly; a closed stdout stops no analysis
     globals().update(configure({k: globals()[k] for k in config_keys},
                                [a for a in sys.argv[1:] if a not in run_args], script=__file__))
     device = hardware.pick_device(device)

@@ -11,6 +11,7 @@ one process and they take turns, round by round, so noise from the machine hits 
     python lab/bench.py --smoke                      # seconds: tiny counts that check every section runs
     python lab/bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
     python lab/bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
+    python lab/bench.py --link_check --rdzv_endpoint=node0:29500   # on each of 2 nodes: the links between them
     python lab/bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
     python lab/bench.py --save_cost                  # what a checkpoint save costs at each config's size
 
@@ -50,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configurator import _read_config_file, configure
 from ablations import BASELINES, AblationConfig, build_model
 from model import GPT, VARIANTS, GPTConfig
-from vrl import hardware, metrics, optim
+from vrl import cli, hardware, metrics, optim
 from vrl.settings import model_config
 
 PRESETS = VARIANTS | BASELINES  # every named variant: the paper's (model.py) and the baselines (ablations.py)
@@ -100,6 +101,12 @@ min_matmul_fraction = 0.4  # fail if the node's median matmul is below this shar
 min_allreduce_gbps = None  # fail below this all-reduce bus bandwidth (GB/s); None = ALLREDUCE_FLOORS's for
 #   this GPU, 0 = none
 max_memory_fraction = 0.9  # fail if a peak (the straight run's, the fit's) is above this share of the GPU
+burn_seconds = 30.0  # how long each GPU's matmul burns in the probe, its health read meanwhile (CPU: 1 s)
+# --link_check: instead of the benchmark, the links between nodes (docs/training.md, 'Checking a node')
+link_check = False  # the probe alone, under one torchrun over nnodes nodes (run it on each): every GPU's
+#   matmul and health, and the all-reduce over the links between the nodes
+nnodes = 2  # nodes the link check spans
+rdzv_endpoint = ''  # HOST:PORT where the nodes meet (torchrun's c10d rendezvous), e.g. node0:29500
 # --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
 estimate_configs = ('', 'config/small_ablation.py', 'config/small_svformer.py')  # '' = train.py's defaults
@@ -109,13 +116,15 @@ save_cost = False  # build each of save_configs in fp32 with AdamW's state, save
 save_configs = ('config/resformer_82m.py', 'config/resformer_180m.py', 'config/resformer_468m.py')
 config_keys = [k for k, v in globals().items() if not k.startswith('_')
                and isinstance(v, (bool, int, float, str, tuple, list, type(None)))]
-argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost', '--estimate_check', '--save_cost')
+argv = [arg + '=True' if arg in ('--smoke', '--node_check', '--logits_cost', '--estimate_check', '--save_cost',
+                                 '--link_check')
         else arg
         for arg in sys.argv[1:]]  # flags, no value
 if '--smoke=True' in argv:  # tiny defaults, which other arguments still override
     rounds, steps, warmup, decode_tokens, decode_rounds, loop_rounds, loop_iters = (
         1, 1, 1, (2, 4), 1, 0, (1, 2))
     batch_size, block_size = 2, 32
+cli.keep_going_without_stdout()  # `--help | head` ends quietly; a closed stdout stops no check
 globals().update(configure({k: globals()[k] for k in config_keys}, argv, script=__file__, log_to=sys.stderr,
                            types={'min_mfu': float, 'min_allreduce_gbps': float}))
 SMOKE_WARNING = "SMOKE RUN: tiny counts that only check the plumbing; these numbers measure nothing"
@@ -176,9 +185,12 @@ def unestimated_gb(settings):
     return (tokens * (6 * c.n_embd + 4 * c.n_head * c.n_layer) + 2 * 32 * 2 ** 20) / 1e9
 
 
-def probe_verdicts(report, gpu_name):
+def probe_verdicts(report, gpu_name, held=None, floors=ALLREDUCE_FLOORS):
     """(lines, failures) on node_probe.py's report: each GPU's matmul against the node's median (and the
-    median against the datasheet peak), the all-reduce against its floor."""
+    median against the datasheet peak), the end of its burn against its start, the all-reduce against its
+    floor (floors: by GPU; a setting overrides), and the memory that other processes hold on each GPU:
+    held, {GPU index: GB} as nvidia-smi lists them before the probe, or else what each rank found in use
+    before it allocated anything (its own CUDA context included)."""
     lines, failures = [], []
     speeds = [r['matmul_tflops'] for r in report['ranks']]
     median = statistics.median(speeds)
@@ -189,28 +201,55 @@ def probe_verdicts(report, gpu_name):
             failures.append(f"rank {r['rank']}'s GPU ({r['host']}, local {r['local_rank']}) multiplies at "
                             f"{speed:.4g} TFLOP/s, below min_gpu_speed={min_gpu_speed:g} x the node's median "
                             f"{median:.4g}")
+        slowed = r.get('matmul_tflops_last', speed) / r.get('matmul_tflops_first', speed)
+        if gpu_name and slowed < min_gpu_speed:
+            failures.append(f"rank {r['rank']}'s GPU ({r['host']}, local {r['local_rank']}) slowed from "
+                            f"{r['matmul_tflops_first']:.4g} to {r['matmul_tflops_last']:.4g} TFLOP/s in its "
+                            f"{r['matmul_seconds']:g} s burn, below min_gpu_speed={min_gpu_speed:g} x its "
+                            f"start (heat or power?)")
     peak = metrics.PEAK_TFLOPS.get(gpu_name, 0) if gpu_name else 0
     if peak and median < min_matmul_fraction * peak:
         failures.append(f"the node's median matmul, {median:.4g} TFLOP/s, is below min_matmul_fraction="
                         f"{min_matmul_fraction:g} x {gpu_name}'s datasheet {peak:g}")
     bandwidth = report['all_reduce_busbw_gbps']
-    floor = (ALLREDUCE_FLOORS.get(gpu_name, 0) if gpu_name else 0) if min_allreduce_gbps is None \
+    floor = (floors.get(gpu_name, 0) if gpu_name else 0) if min_allreduce_gbps is None \
         else min_allreduce_gbps
     if bandwidth is None:
         lines.append("all-reduce: one rank, none to time")
     else:
+        nodes = report.get('nodes', 1)
         lines.append(f"all-reduce: {bandwidth:.4g} GB/s bus bandwidth ({report['all_reduce_bytes'] >> 20} MB "
-                     f"over {len(speeds)} ranks, {report['backend']}); "
+                     f"over {len(speeds)} ranks{f' on {nodes} nodes' if nodes > 1 else ''}, "
+                     f"{report['backend']}); "
                      + (f"floor {floor:g}: {'BELOW it' if bandwidth < floor else 'passed'}" if floor
                         else "no floor"))
         if bandwidth < floor:
             failures.append(f"all-reduce bus bandwidth {bandwidth:.4g} GB/s, below {floor:g} (NVLink down, "
                             f"NCCL without P2P, or on sockets?)")
+    if held is not None:
+        failures += [f"GPU {index} already holds {gb:.1f} GB of other processes' before any run "
+                     f"(nvidia-smi --query-compute-apps)" for index, gb in held.items() if gb > 1]
+        return lines, failures
     for r in report['ranks']:
         if r.get('memory_used_gb', 0) > 1:
             failures.append(f"rank {r['rank']}'s GPU already holds {r['memory_used_gb']:.1f} GB before any run "
                             f"(another process?)")
     return lines, failures
+
+
+def other_processes_gb():
+    """{GPU index: GB} that processes hold on each GPU now, as nvidia-smi lists them (before the probe: none
+    of them the check's); None where it lists none that it can read (no nvidia-smi; a container that
+    shows no other process's memory says [N/A])."""
+    gpus = smi_rows('query-gpu', ['index', 'pci.bus_id'])
+    apps = smi_rows('query-compute-apps', ['gpu_bus_id', 'pid', 'used_memory'])
+    if gpus is None or apps is None or any(not app['used_memory'].isdigit() for app in apps):
+        return None
+    held = {gpu['index']: 0.0 for gpu in gpus}
+    index = {gpu['pci.bus_id'].lower(): gpu['index'] for gpu in gpus}
+    for app in apps:  # MiB
+        held[index.get(app['gpu_bus_id'].lower(), app['gpu_bus_id'])] += int(app['used_memory']) * 2 ** 20 / 1e9
+    return held
 
 
 def smi_rows(query, fields):
@@ -227,26 +266,63 @@ def smi_rows(query, fields):
             if line.strip()]
 
 
-def health_verdicts():
-    """(lines, failures) on nvidia-smi's health fields, each where present: uncorrected ECC errors since
-    boot, remapped rows pending (a reset applies them) or failed, and throttle reasons of a sick GPU (read at
-    rest after the probe; a slowdown under load is the matmul check's to find)."""
+def gpu_health():
+    """nvidia-smi's rows of each GPU's uncorrected ECC errors since boot and active throttle reasons, the
+    throttle field under whichever name the driver knows; None where nvidia-smi cannot say."""
     for throttle in ('clocks_event_reasons.active', 'clocks_throttle_reasons.active'):  # before driver 535
         gpus = smi_rows('query-gpu', ['index', 'ecc.errors.uncorrected.volatile.total', throttle])
         if gpus is not None:
-            break
+            return [{'index': gpu['index'], 'ecc': gpu['ecc.errors.uncorrected.volatile.total'],
+                     'throttle': gpu[throttle]} for gpu in gpus]
+    return None
+
+
+class HealthUnderLoad:
+    """Reads gpu_health every `every` seconds in a thread while its with-block runs (the probe's burn):
+    `readings`, a list of gpu_health's rows each time it could read them."""
+
+    def __init__(self, every=5.0):
+        self.every, self.readings, self.done = every, [], threading.Event()
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+        return self
+
+    def read(self):
+        while not self.done.wait(self.every):
+            rows = gpu_health()
+            if rows is not None:
+                self.readings.append(rows)
+
+    def __exit__(self, *_):
+        self.done.set()
+        self.thread.join(120)
+
+
+def health_verdicts(under_load=()):
+    """(lines, failures) on nvidia-smi's health fields, each where present: uncorrected ECC errors since
+    boot, remapped rows pending (a reset applies them) or failed, and throttle reasons of a sick GPU, read
+    now (at rest, after the probe) and in under_load, gpu_health's readings during the probe's burn, where
+    a hot or power-starved GPU shows them."""
+    gpus = gpu_health()
     if gpus is None:
         return [f"health: not read ({NVIDIA_SMI} not found or refused the query)"], []
     failures, read = [], set()
+    seen = {}  # GPU index: the throttle bits active in any reading
+    for gpu in [row for rows in under_load for row in rows] + gpus:
+        if gpu['throttle'].startswith('0x'):
+            seen[gpu['index']] = seen.get(gpu['index'], 0) | int(gpu['throttle'], 16)
     for gpu in gpus:
-        ecc, reasons = gpu['ecc.errors.uncorrected.volatile.total'], gpu[throttle]
+        ecc = max([gpu['ecc']] + [row['ecc'] for rows in under_load for row in rows
+                                  if row['index'] == gpu['index'] and row['ecc'].isdigit()], key=ecc_count)
         if ecc.isdigit():
             read.add('ECC')
             if int(ecc):
                 failures.append(f"GPU {gpu['index']}: {ecc} uncorrected ECC errors since boot")
-        if reasons.startswith('0x'):
+        if gpu['index'] in seen:
             read.add('throttle reasons')
-            bad = [name for bit, name in BAD_THROTTLE.items() if int(reasons, 16) & bit]
+            bad = [name for bit, name in BAD_THROTTLE.items() if seen[gpu['index']] & bit]
             if bad:
                 failures.append(f"GPU {gpu['index']}: throttled ({', '.join(bad)})")
     rows = smi_rows('query-remapped-rows', ['gpu_bus_id', 'remapped_rows.pending', 'remapped_rows.failure'])
@@ -259,7 +335,12 @@ def health_verdicts():
         if failed in ('yes', '1'):
             failures.append(f"GPU {row['gpu_bus_id']}: a row remapping failed (the GPU needs service)")
     said = ', '.join(sorted(read)) or 'no field readable'
-    return [f"health ({len(gpus)} GPUs; {said}): {'passed' if not failures else 'FAILED'}"], failures
+    during = f"; read at rest and {len(under_load)} times in the burn" if under_load else ''
+    return [f"health ({len(gpus)} GPUs; {said}{during}): {'passed' if not failures else 'FAILED'}"], failures
+
+
+def ecc_count(text):
+    return int(text) if text.isdigit() else -1
 
 
 def write_synthetic_data(folder, shape):
@@ -418,11 +499,12 @@ def stream(name, command, timeout):
     return process.returncode, lines
 
 
-def launch(name, ranks, args, out_of_memory_ok=False, script='train.py'):
+def launch(name, ranks, args, out_of_memory_ok=False, script='train.py', rendezvous=('--standalone',)):
     """Run train.py (or lab/node_probe.py) under torchrun, its output streamed: True once it ran. A run that
-    fails ends the check with one line; with out_of_memory_ok, one that ran out of memory returns False."""
+    fails ends the check with one line; with out_of_memory_ok, one that ran out of memory returns False.
+    rendezvous: torchrun's, this node alone by default."""
     where = os.path.join(HERE, 'lab' if script == 'node_probe.py' else '', script)
-    command = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={ranks}',
+    command = ['-m', 'torch.distributed.run', *rendezvous, f'--nproc_per_node={ranks}',
                os.path.relpath(where), *args]
     print(f"{name} run: python {shlex.join(command)}", flush=True)
     began = time.perf_counter()
@@ -630,6 +712,51 @@ def run_estimate(compiled):
                                  f"states {header[mode]} GB for its own settings)")
 
 
+def node_ranks():
+    """(device kind, GPUs here, ranks to start) for the node check and the link check; one line where the
+    device cannot run them."""
+    if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
+        raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
+                         "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
+                         "with a tiny shape (docs/training.md, 'Checking a node')")
+    kind = hardware.pick_device(device).split(':')[0]  # each rank takes its own GPU
+    if kind not in ('cuda', 'cpu'):
+        raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try "
+                         f"it, on the CPU (gloo)")
+    if not 0 <= burn_seconds <= 600:
+        raise SystemExit(f"bench.py: burn_seconds={burn_seconds}; use 0 to 600 seconds (30 shows a GPU that "
+                         f"slows down when hot)")
+    gpus = torch.cuda.device_count() if kind == 'cuda' else 0
+    ranks = nproc or gpus or 1
+    if gpus and not torch.distributed.is_nccl_available():
+        raise SystemExit("bench.py: this torch has no NCCL, which torchrun's GPU ranks use; install a CUDA "
+                         "build of torch from pytorch.org")
+    if ranks < 1:
+        raise SystemExit(f"bench.py: nproc={nproc}; use 1 or more ranks, or 0 for one per GPU")
+    if gpus and ranks > gpus:
+        raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, "
+                         f"or 0 for all")
+    return kind, gpus, ranks
+
+
+def run_probe(name, kind, gpus, ranks, rendezvous=('--standalone',)):
+    """node_probe.py under torchrun: (its report, other_processes_gb before it, gpu_health's readings during
+    it). GPU only: the memory that other processes hold, and the health under the burn's load. The report
+    is None on a node of several whose rank 0 ran elsewhere (it writes the report on its own node)."""
+    held = other_processes_gb() if gpus else None
+    probe_path = os.path.join('out', 'node_check', f'{name}.json')
+    os.makedirs(os.path.dirname(probe_path), exist_ok=True)
+    if os.path.exists(probe_path):
+        os.remove(probe_path)  # an earlier check's
+    seconds = burn_seconds if gpus else min(burn_seconds, 1.0)
+    with HealthUnderLoad() if gpus else nullcontext() as health:
+        launch(name, ranks, [probe_path, kind, f'{seconds:g}'], script='node_probe.py', rendezvous=rendezvous)
+    if not os.path.exists(probe_path):
+        return None, held, ()
+    with open(probe_path) as f:
+        return json.load(f), held, health.readings if gpus else ()
+
+
 def check_node():
     if not torch.distributed.is_available():
         raise SystemExit("bench.py: this torch has no torch.distributed, so no torchrun; install a build "
@@ -652,25 +779,8 @@ def check_node():
         raise SystemExit(f"bench.py: min_gpu_speed={min_gpu_speed}, min_matmul_fraction={min_matmul_fraction}, "
                          f"min_allreduce_gbps={min_allreduce_gbps}; use fractions from 0 to 1 and a bandwidth "
                          f"of 0 or more")
-    if (device == 'auto' or device.startswith('cuda')) and not torch.cuda.is_available():
-        raise SystemExit("bench.py: the node check found no GPU (torch.cuda.is_available() is False: no "
-                         "GPU, or a CUDA wheel the driver cannot run); to try it on this CPU, --device=cpu "
-                         "with a tiny shape (docs/training.md, 'Checking a node')")
-    kind = hardware.pick_device(device).split(':')[0]  # each rank takes its own GPU
-    if kind not in ('cuda', 'cpu'):
-        raise SystemExit(f"bench.py: device={device!r}; the node check runs on CUDA GPUs (nccl) or, to try "
-                         f"it, on the CPU (gloo)")
+    kind, gpus, ranks = node_ranks()
     precision = hardware.pick_dtype(dtype, kind)
-    gpus = torch.cuda.device_count() if kind == 'cuda' else 0
-    ranks = nproc or gpus or 1
-    if gpus and not torch.distributed.is_nccl_available():
-        raise SystemExit("bench.py: this torch has no NCCL, which torchrun's GPU ranks use; install a CUDA "
-                         "build of torch from pytorch.org")
-    if ranks < 1:
-        raise SystemExit(f"bench.py: nproc={nproc}; use 1 or more ranks, or 0 for one per GPU")
-    if gpus and ranks > gpus:
-        raise SystemExit(f"bench.py: nproc={nproc}, but {gpus} GPU(s) are here; use 1 to {gpus}, "
-                         f"or 0 for all")
     write_synthetic_data(os.path.join('data', NODE_DATA), run_settings())
     half = node_iters // 2
     straight_dir, exact_dir, resumed_dir = (os.path.join('out', 'node_check', name)
@@ -693,11 +803,7 @@ def check_node():
           f"({'nccl' if gpus else 'gloo'}, {precision}), synthetic GPT-2 tokens in data/{NODE_DATA}",
           flush=True)
     # first each GPU alone and the links between them, before any training run
-    probe_path = os.path.join('out', 'node_check', 'probe.json')
-    os.makedirs(os.path.dirname(probe_path), exist_ok=True)
-    launch('probe', ranks, [probe_path, kind], script='node_probe.py')
-    with open(probe_path) as f:
-        probe = json.load(f)
+    probe, held, under_load = run_probe('probe', kind, gpus, ranks)
     # speed and memory as the job runs, with no checkpoint to write; the resume compared in deterministic
     # mode, which is slower
     launch('straight', ranks, [*common, '--save_checkpoint=False', f'--out_dir={straight_dir}',
@@ -714,9 +820,9 @@ def check_node():
     gpu = torch.cuda.get_device_properties(0) if gpus else None  # rank 0's, whose peak the log holds
 
     failures = []  # each a line's worth: what was measured, and the threshold it passed
-    lines, failed = probe_verdicts(probe, gpu.name if gpu else None)
+    lines, failed = probe_verdicts(probe, gpu.name if gpu else None, held)
     if gpus:
-        health, unhealthy = health_verdicts()
+        health, unhealthy = health_verdicts(under_load)
         lines, failed = lines + health, failed + unhealthy
     for line in lines:
         print(line)
@@ -781,8 +887,39 @@ def check_node():
     print(f"node check passed (logs: {straight_dir}, {exact_dir}, {resumed_dir}; a ckpt.pt in the last two)")
 
 
+def check_links():
+    """The probe alone, under one torchrun over nnodes nodes that meet at rdzv_endpoint (this command runs
+    on each): every GPU's matmul and health as the node check judges them, and the all-reduce over the
+    links between the nodes, held to min_allreduce_gbps alone (a node's own floor is NVLink's)."""
+    if nnodes < 2 or not re.fullmatch(r'[^\s:]+:\d+', rdzv_endpoint):
+        raise SystemExit(f"bench.py: link check: nnodes={nnodes}, rdzv_endpoint={rdzv_endpoint!r}; use 2 or "
+                         f"more nodes and node 0's HOST:PORT, e.g. --rdzv_endpoint=node0:29500, the same on "
+                         f"every node")
+    kind, gpus, ranks = node_ranks()
+    print(f"link check: {ranks} {'GPU' if gpus else 'CPU rank'}{'s' * (ranks > 1)} a node on {nnodes} nodes, "
+          f"meeting at {rdzv_endpoint}", flush=True)
+    probe, held, under_load = run_probe('links', kind, gpus, ranks, rendezvous=(
+        f'--nnodes={nnodes}', '--rdzv_backend=c10d', f'--rdzv_endpoint={rdzv_endpoint}'))
+    if probe is None:
+        print("link check: rank 0 ran on another node, whose link check judges the links")
+        return
+    gpu_name = torch.cuda.get_device_name(0) if gpus else None
+    lines, failures = probe_verdicts(probe, gpu_name, held, floors={})
+    if gpus:
+        health, unhealthy = health_verdicts(under_load)
+        lines, failures = lines + health, failures + unhealthy
+    for line in lines:
+        print(line)
+    if failures:
+        raise SystemExit(f"bench.py: link check failed: {'; '.join(failures)}")
+    print("link check passed")
+
+
 if node_check:
     check_node()
+    raise SystemExit(0)
+if link_check:
+    check_links()
     raise SystemExit(0)
 
 

@@ -31,14 +31,20 @@ def train_curve(path):
     """[[step, training loss], ...] of a run folder (log.jsonl) or a run summary (its train_curve)."""
     if os.path.isdir(path):
         log = os.path.join(path, 'log.jsonl')
+        cli.refuse_pipe(log, "relative_loss.py:", "point to a run folder train.py wrote")
         try:
             with open(log, encoding='utf-8') as f:
-                records = [json.loads(line) for line in f if line.strip()]
+                lines = [line for line in f if line.strip()]
         except (OSError, ValueError) as e:
             raise SystemExit(f"relative_loss.py: cannot read {log} ({type(e).__name__}); point to a run "
                              "folder train.py wrote") from None
-        curve = [[r['step'], r['train_loss']] for r in records if 'train_loss' in r]
+        records = [r for r in map(json_record, lines) if isinstance(r, dict)]
+        if len(records) < len(lines):  # a line cut by a crash, say: the rest of the curve still counts
+            print(f"relative_loss.py: skipped {len(lines) - len(records)} unreadable line(s) of {log}",
+                  file=sys.stderr)
+        curve = [[r['step'], r['train_loss']] for r in records if 'train_loss' in r and 'step' in r]
     else:
+        cli.refuse_pipe(path, "relative_loss.py:", "point to a run folder or a results/runs/*.json summary")
         try:
             with open(path, encoding='utf-8') as f:
                 curve = json.load(f).get('train_curve') or []
@@ -49,6 +55,14 @@ def train_curve(path):
         raise SystemExit(f"relative_loss.py: {path} has no training curve (runs trained before train.py "
                          "logged the mean loss of each interval have none); retrain it")
     return curve
+
+
+def json_record(line):
+    """A log line's record, or None where the line is not JSON."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def smooth(curve, window=WINDOW):

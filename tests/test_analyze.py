@@ -25,7 +25,7 @@ from lab.analyze import (importance_entropy, layer_metrics, mean_cosine_similari
 from model import GPT, GPTConfig
 from vrl.run_folder import load_checkpoint
 from test_sample import TINY, one_thread, train_tiny_checkpoint
-from testing import run_script
+from testing import run_script, with_stdout_closed
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 T = 6
@@ -594,6 +594,24 @@ def test_an_out_that_cannot_be_a_folder_is_refused_before_any_computing(runs, ou
     one_line_error(result, f"out='{out}' cannot be a folder", 'taken is a file')
     assert 'windows of' not in result.stdout  # refused before the checkpoints were read and the windows cut
     assert (runs / 'taken').read_text() == 'keep me'
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_computing(runs):
+    """A folder that takes no new file (/proc's, which refuses root too) is named at once, not in a
+    traceback after every model has run."""
+    result = analyze(runs, 'vanilla_1', '--out=/proc/1/analysis')
+    one_line_error(result, "out='/proc/1/analysis' cannot be written: /proc/1 refuses a new file")
+    assert 'windows of' not in result.stdout
+
+
+def test_num_seqs_is_bounded_in_one_line(runs):
+    one_line_error(analyze(runs, 'vanilla_1', '--num_seqs=100000000'),
+                   'num_seqs=100000000, seq_len=256; use 1 to 10,000 sequences of 2 tokens or more')
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    result = with_stdout_closed([sys.executable, ANALYZE_PY, '--help'])
+    assert (result.returncode, result.stderr) == (0, '')
 
 
 def test_a_relative_data_dir_is_found_from_another_folder(runs, tmp_path):

@@ -20,6 +20,7 @@ import torch
 from ablations import BASELINES
 from configurator import _read_config_file
 from model import VARIANTS
+from testing import with_stdout_closed
 from vrl.data import load_meta, open_split
 
 PRESETS = VARIANTS | BASELINES  # bench.py's: the paper's variants and the baselines
@@ -46,6 +47,12 @@ def test_smoke_says_at_the_top_and_beside_every_table_that_its_numbers_mean_noth
     assert smoke[1]['settings']['rounds'] == 1 and 'loop' not in smoke[1]  # one round, no train.py runs
 
 
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`python lab/bench.py --help | head`: no BrokenPipeError once head has its lines."""
+    result = with_stdout_closed([sys.executable, 'lab/bench.py', '--help'], cwd=HERE)
+    assert (result.returncode, result.stderr) == (0, '')
+
+
 def test_help_lists_every_setting_with_its_default_and_a_comment():
     run = subprocess.run([sys.executable, 'lab/bench.py', '--help'], cwd=HERE, capture_output=True, text=True)
     assert (run.returncode, run.stderr) == (0, '')
@@ -58,7 +65,7 @@ def test_help_lists_every_setting_with_its_default_and_a_comment():
         '--run_timeout=1800', '--min_mfu=None', '--min_tokens_per_sec=0.0', '--max_memory_ratio=1.25',
         '--min_gpu_speed=0.8', '--min_matmul_fraction=0.4', '--min_allreduce_gbps=None',
         '--max_memory_fraction=0.9']
-    assert len(settings) == 40 and all(len(words) > 1 for words in settings)  # a comment beside each
+    assert len(settings) == 44 and all(len(words) > 1 for words in settings)  # a comment beside each
 
 
 @pytest.mark.parametrize('args, message', [
@@ -192,8 +199,8 @@ def test_node_check_reports_speed_mfu_memory_and_an_exact_resume_on_two_cpu_rank
     torchrun = ' run: python -m torch.distributed.run --standalone --nproc_per_node=2 '
     launched = [line for line in lines if torchrun in line and not line.startswith('probe run')]
     probe = next(line for line in lines if line.startswith('probe run: '))
-    assert probe.endswith(' --nproc_per_node=2 lab/node_probe.py out/node_check/probe.json cpu') or \
-        probe.endswith('/lab/node_probe.py out/node_check/probe.json cpu'), probe
+    assert probe.endswith(' --nproc_per_node=2 lab/node_probe.py out/node_check/probe.json cpu 1') or \
+        probe.endswith('/lab/node_probe.py out/node_check/probe.json cpu 1'), probe
     assert [line.split(' run:')[0] for line in launched] == ['straight', 'deterministic', 'first half',
                                                              'resumed']
     # each CPU rank's matmul, the all-reduce over gloo; no floor on a CPU (nothing about GPUs to judge)
@@ -543,6 +550,89 @@ def test_the_probe_verdicts_fail_a_slow_gpu_a_slow_node_a_slow_all_reduce_and_a_
     assert len(bench['probe_verdicts'](report(healthy), 'NVIDIA H100 PCIe')[1]) == 1
     monkeypatch.setitem(bench, 'min_allreduce_gbps', 0.0)
     assert bench['probe_verdicts'](report(healthy, bandwidth=1.0), h100)[1] == []
+
+
+def test_the_probe_verdicts_fail_a_gpu_that_slows_in_its_burn_and_memory_of_other_processes():
+    """A GPU whose matmul slows as it burns (hot, power-starved) fails, though its mean keeps up with the
+    node's; the memory verdict counts what nvidia-smi lists for other processes where it can, not the
+    probe's own CUDA context (which each rank's reading before it allocates includes)."""
+    bench = bench_globals()
+    h100 = 'NVIDIA H100 80GB HBM3'
+    ranks = [{'rank': i, 'local_rank': i, 'host': 'node7', 'matmul_tflops': 700.0, 'matmul_tflops_first': 720.0,
+              'matmul_tflops_last': 500.0 if i == 2 else 700.0, 'matmul_seconds': 30.0, 'matmul_n': 8192,
+              'matmul_dtype': 'bfloat16', 'memory_used_gb': 1.3} for i in range(8)]
+    report = {'ranks': ranks, 'all_reduce_busbw_gbps': 400.0, 'all_reduce_bytes': 256 << 20, 'backend': 'nccl'}
+    held = {str(i): 0.0 for i in range(8)}
+    assert bench['probe_verdicts'](report, h100, held)[1] == [
+        "rank 2's GPU (node7, local 2) slowed from 720 to 500 TFLOP/s in its 30 s burn, below "
+        "min_gpu_speed=0.8 x its start (heat or power?)"]
+    ranks[2]['matmul_tflops_last'] = 700.0
+    held['5'] = 12.5
+    assert bench['probe_verdicts'](report, h100, held)[1] == [
+        "GPU 5 already holds 12.5 GB of other processes' before any run (nvidia-smi --query-compute-apps)"]
+    assert len(bench['probe_verdicts'](report, h100)[1]) == 8  # no listing: each rank's own reading
+
+
+def test_other_processes_memory_is_read_per_gpu_from_nvidia_smi(tmp_path, monkeypatch):
+    bench = bench_globals()
+    script = tmp_path / 'nvidia-smi'
+    script.write_text('#!/bin/sh\ncase "$1" in\n'
+                      '  --query-gpu=*) printf "0, 00000000:18:00.0\\n1, 00000000:2A:00.0\\n" ;;\n'
+                      f'  --query-compute-apps=*) cat {tmp_path}/apps.csv ;;\nesac\n')
+    script.chmod(0o755)
+    monkeypatch.setitem(bench, 'NVIDIA_SMI', str(script))
+    (tmp_path / 'apps.csv').write_text('00000000:2a:00.0, 4242, 2048\n00000000:2A:00.0, 4343, 1024\n')
+    assert bench['other_processes_gb']() == {'0': 0.0, '1': pytest.approx(3072 * 2 ** 20 / 1e9)}
+    (tmp_path / 'apps.csv').write_text('')  # none running
+    assert bench['other_processes_gb']() == {'0': 0.0, '1': 0.0}
+    (tmp_path / 'apps.csv').write_text('00000000:18:00.0, 4242, [N/A]\n')  # a container's view: unknown
+    assert bench['other_processes_gb']() is None
+
+
+def test_the_health_read_during_the_burn_fails_a_gpu_throttled_only_under_load(tmp_path, monkeypatch):
+    """At rest every GPU looks well; a reading during the probe's burn shows GPU 5 in thermal slowdown and
+    GPU 1 with ECC errors: both fail. HealthUnderLoad reads nvidia-smi while its block runs."""
+    bench = bench_globals()
+    at_rest = ''.join(f'{i}, 0, 0x0000000000000001\n' for i in range(8))
+    rows = ''.join(f'00000000:{i:02X}:00.0, No, No\n' for i in range(8))
+    monkeypatch.setitem(bench, 'NVIDIA_SMI', fake_nvidia_smi(tmp_path, at_rest, rows))
+    loaded = [{'index': str(i), 'ecc': '2' if i == 1 else '0', 'throttle': '0x0000000000000044' if i == 5
+               else '0x0000000000000004'} for i in range(8)]  # 0x4: the power cap, a busy GPU's
+    assert bench['health_verdicts']([loaded, loaded]) == (
+        ['health (8 GPUs; ECC, remapped rows, throttle reasons; read at rest and 2 times in the burn): FAILED'],
+        ['GPU 1: 2 uncorrected ECC errors since boot', 'GPU 5: throttled (thermal slowdown (hardware))'])
+    with bench['HealthUnderLoad'](every=0.05) as watch:
+        time.sleep(1)
+    assert watch.readings and watch.readings[0][7] == {'index': '7', 'ecc': '0', 'throttle': '0x0000000000000001'}
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason='needs torch.distributed with gloo')
+def test_the_link_check_runs_the_probe_over_two_simulated_nodes(tmp_path):
+    """bench.py --link_check on each of two "nodes" (here one machine, one CPU rank each): one torchrun over
+    both, meeting at rdzv_endpoint; the node that ran rank 0 judges the all-reduce between them, the other
+    says where the verdict is. A bad endpoint is refused in one line before anything starts."""
+    import socket
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, os.path.join(HERE, 'lab', 'bench.py'), '--link_check',
+                               '--device=cpu', '--nproc=1', '--burn_seconds=0', f'--rdzv_endpoint=localhost:{port}'],
+                              cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS='1'))
+             for name in ('node0', 'node1') if (tmp_path / name).mkdir() is None]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    verdicts = [stdout.splitlines()[-1] for stdout, _ in outputs]
+    assert sorted(verdicts) == ['link check passed',
+                                'link check: rank 0 ran on another node, whose link check judges the links']
+    judged = outputs[verdicts.index('link check passed')][0]
+    assert re.search(r"all-reduce: \S+ GB/s bus bandwidth \(1 MB over 2 ranks, gloo\); no floor", judged), judged
+    refused = subprocess.run([sys.executable, 'lab/bench.py', '--link_check', '--rdzv_endpoint=node0'],
+                             cwd=HERE, capture_output=True, text=True)
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (1, (
+        "bench.py: link check: nnodes=2, rdzv_endpoint='node0'; use 2 or more nodes and node 0's HOST:PORT, "
+        "e.g. --rdzv_endpoint=node0:29500, the same on every node"))
 
 
 def fake_nvidia_smi(tmp_path, gpu_rows, remapped_rows, old_driver=False):

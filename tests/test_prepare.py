@@ -814,6 +814,20 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_new(prepared, monkeypatch
     assert sorted(os.listdir(tmp_path / "data")) == [".corpus_char.lock", "corpus_char"]  # the first run's
 
 
+@pytest.mark.skipif(os.name != "posix", reason="ulimit -f is POSIX's")
+def test_a_file_size_limit_is_named_as_such_not_as_a_full_disk(tmp_path):
+    """Under `ulimit -f`, a write past the limit fails with EFBIG: the line names the limit."""
+    import resource
+    (tmp_path / "corpus.txt").write_text("some text for the limit\n" * 400)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))  # noqa: E731
+    result = subprocess.run([sys.executable, os.path.join(REPO, "prepare.py"), f"--input={tmp_path / 'corpus.txt'}",
+                             "--out_dir=out", "--num_proc=1"], cwd=tmp_path, capture_output=True, text=True,
+                            preexec_fn=limit)
+    one_line_error(result, "cannot write out/.partial/train.bin (File too large); raise the "
+                           "file size limit (`ulimit -f`) or pass another --out_dir")
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_few_uneven_files_are_split_by_token_share(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

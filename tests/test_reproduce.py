@@ -725,6 +725,24 @@ def test_relative_loss_cli(tmp_path, capsys):
         assert stop.value.code == line
 
 
+def test_relative_loss_keeps_a_run_with_a_cut_log_line_and_refuses_a_fifo(tmp_path, capsys):
+    """A log.jsonl whose last line a crash cut keeps its curve, with a note of the line left out; a FIFO
+    given for a summary (or for a run's log) is refused in one line instead of waiting for a writer."""
+    run = tmp_path / 'vanilla'
+    run.mkdir()
+    records = [{'step': s, 'train_loss': 4 - s / 1000} for s in range(10, 601, 10)]
+    (run / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records) + '{"step": 610, "tra')
+    assert relative_loss.train_curve(str(run)) == [[r['step'], r['train_loss']] for r in records]
+    assert capsys.readouterr().err == f"relative_loss.py: skipped 1 unreadable line(s) of {run / 'log.jsonl'}\n"
+    fifo = tmp_path / 'summary.json'
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as stop:
+        relative_loss.main([str(run), str(fifo)])
+    assert stop.value.code == (
+        f"relative_loss.py: {fifo} is not a regular file (a pipe or device may wait forever for a writer); "
+        "point to a run folder or a results/runs/*.json summary")
+
+
 def test_reproduce_mistakes_are_one_line(tmp_path, capsys):
     """--gpus below 0 and an --only that matches no group stop at once, in one line; a summary cut short
     is left out of a --report_only report with one line that says so."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from testing import run_script
+from testing import run_script, with_stdout_closed
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
@@ -405,3 +405,10 @@ def test_each_token_is_decoded_once(bpe_run, monkeypatch):
     with scripted(monkeypatch, [row]) as counted:
         sample(bpe_run, '--start=Hello', '--use_cache=False', f'--max_new_tokens={len(row)}')
     assert prompt + len(row) < counted[0] < prompt + 2 * len(row)
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`python sample.py --help | head`: no BrokenPipeError once head has its lines."""
+    result = with_stdout_closed([sys.executable, 'sample.py', '--help'], cwd=os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    assert (result.returncode, result.stderr) == (0, '')

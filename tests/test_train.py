@@ -964,12 +964,13 @@ def test_two_fresh_runs_into_one_folder_never_both_write(workdir):
 def test_several_slurm_tasks_without_torchrun_are_refused_in_one_line(workdir, monkeypatch):
     """`srun python train.py` with 2 tasks would train 2 runs alone, each on GPU 0, into one out_dir:
     refused in one line that names torchrun, before anything is written."""
-    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    monkeypatch.setenv('SLURM_PROCID', '0')
     monkeypatch.delenv('RANK', raising=False)
     before = snapshot(workdir)
     one_line_error(train(workdir, '--out_dir=out_srun', check=False),
-                   'train.py: 2 SLURM tasks but no torchrun: each would train alone',
-                   '`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...`')
+                   'train.py: 2 tasks in this srun step but no torchrun: each would train alone',
+                   '`srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES')
     assert snapshot(workdir) == before
 
 

@@ -5,8 +5,10 @@ checks, settings.check, the whole-checkpoint checksum and old checkpoints' names
 
 import ast
 import errno
+import io
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -93,6 +95,57 @@ def test_argument_errors_are_one_line():
         parser.parse_args(["--seeds=abc"])
     assert error.value.code == ("tool.py: argument --seeds: invalid int value: 'abc'; "
                                 "see `python tool.py --help`")
+
+
+class FailingStream:
+    """A stream whose every write and flush fails with error."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    flush = write
+
+
+def test_a_closed_pipe_or_terminal_is_dropped_and_other_write_errors_are_not():
+    for gone in BrokenPipeError(errno.EPIPE, 'Broken pipe'), OSError(errno.EIO, 'Input/output error'):
+        stream = cli.ClosedStdoutIgnored(FailingStream(gone))
+        assert stream.write('step 1\n') == 7 and stream.closed_by_reader
+        stream.flush()
+    with pytest.raises(OSError, match='No space'):  # not the reader's going: a real error
+        cli.ClosedStdoutIgnored(FailingStream(OSError(errno.ENOSPC, 'No space left'))).write('x')
+
+
+# writes to its terminal (stdout and stderr) until the terminal is gone, then saves, as a training run's stop
+# after a dropped ssh session must
+AFTER_A_HANGUP = """import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from vrl import cli
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # train.py's: a stop, noted
+cli.keep_going_without_stdout()
+print('ready', flush=True)
+for _ in range(40):
+    print('step', flush=True)
+    sys.stderr.write('progress\\n')
+    time.sleep(0.05)
+open(sys.argv[2], 'w').write('saved')
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, 'openpty'), reason='needs a pseudo-terminal')
+def test_a_run_whose_terminal_closes_keeps_going_and_saves(tmp_path):
+    """An ssh session dropped mid-run closes the terminal: writes then fail with EIO, which the run drops
+    as it drops a closed pipe's, and goes on to save."""
+    terminal, its_end = os.openpty()
+    process = subprocess.Popen([sys.executable, '-c', AFTER_A_HANGUP, REPO, tmp_path / 'saved'],
+                               stdout=its_end, stderr=its_end, start_new_session=True)
+    os.close(its_end)
+    assert os.read(terminal, 100).startswith(b'ready')
+    os.close(terminal)  # the session drops
+    assert process.wait(timeout=60) == 0
+    assert (tmp_path / 'saved').read_text() == 'saved'
 
 
 def test_refuse_pipe_refuses_a_pipe_and_leaves_the_rest_to_open(tmp_path):
@@ -269,6 +322,41 @@ def open_tiny(folder):
                              eval_iters=2, batch_size=2, every_window=False)
 
 
+def test_uint32_token_ids_with_a_meta_json_edited_to_match_are_refused(tmp_path):
+    """Token ids written as uint32, meta.json's counts doubled to match their bytes: read as uint16 every
+    other id is 0, which open_dataset refuses in one line instead of training on it."""
+    import numpy as np
+    folder = tmp_path / 'wide'
+    folder.mkdir()
+    tokens = {'train.bin': 1000, 'val.bin': 300}
+    for name, count in tokens.items():
+        (np.arange(count) % 3).astype(np.uint32).tofile(folder / name)
+    (folder / 'meta.json').write_text(json.dumps({
+        'tokenizer': 'char', 'vocab_size': 3, 'chars': ['a', 'b', 'c'], 'max_token': 2,
+        'files': {name: 2 * count for name, count in tokens.items()}}))
+    with pytest.raises(SystemExit) as refused:
+        open_tiny(str(folder))
+    assert refused.value.code == (
+        f"prepare.py: the val data in {folder} has token id 0 at every odd place, as uint32 (or wider) token "
+        f"ids read as prepare.py's uint16 do; run `python prepare.py --input=YOUR_CORPUS --out_dir={folder}` "
+        f"again")
+
+
+def test_a_ranks_own_data_error_is_printed_though_prepare_py_words_it(monkeypatch):
+    """A rank other than 0 whose node lacks a data file ends before the loop with prepare.py's line: held
+    while rank 0 might say it too, then printed, marked with the rank, rather than nowhere."""
+    from vrl import stops
+    monkeypatch.setattr(stops, 'LONE_FAILURE_WAIT', 0)
+    monkeypatch.setattr(stops.signal, 'signal', lambda *args: None)
+    monkeypatch.setenv('RANK', '1')
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, 'stderr', stops.Quiet(terminal))
+    line = "prepare.py: data/x/train.bin not found; run `python prepare.py` again"
+    sys.stderr.write(line + '\n')
+    sys.stderr.say_a_lone_failure()
+    assert terminal.getvalue() == f"[rank 1, before training] {line}\n"
+
+
 def test_open_dataset_reads_a_prepared_folder(tmp_path):
     dataset = open_tiny(tiny_data(tmp_path / 'tiny'))
     assert dataset.meta['vocab_size'] == 3 and not dataset.by_domain and dataset.val_full == {}
@@ -347,24 +435,184 @@ def train_settings(**changes):
     return train_defaults() | changes
 
 
-def test_settings_check_refuses_slurm_tasks_without_torchrun(monkeypatch):
-    monkeypatch.delenv('RANK', raising=False)
-    monkeypatch.setenv('SLURM_NTASKS', '1')
+def test_settings_check_refuses_the_tasks_of_one_srun_step_without_torchrun(monkeypatch, capsys):
+    """srun's step counts, not the allocation's: one python in a batch script of a 4-task allocation
+    trains; 2 tasks of one srun step are refused by task 0 in one line that names a command for N nodes
+    and the override, and task 1 ends quietly."""
+    for name in 'RANK', 'SLURM_STEP_NUM_TASKS', 'SLURM_PROCID':
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('SLURM_NTASKS', '4')  # the batch script's allocation, no step
     settings.check(train_settings(), 1)
-    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    monkeypatch.setenv('SLURM_PROCID', '0')
     with pytest.raises(SystemExit) as refused:
         settings.check(train_settings(), 1)
     assert refused.value.code == (
-        "train.py: 2 SLURM tasks but no torchrun: each would train alone; start one task per node with "
-        "`srun --ntasks-per-node=1 torchrun --nproc_per_node=8 train.py ...` (docs/training.md)")
-    monkeypatch.setenv('RANK', '0')  # torchrun under srun: fine
+        "train.py: 2 tasks in this srun step but no torchrun: each would train alone on GPU 0; on N nodes "
+        "run `srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc_per_node=8 "
+        "--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:29500 train.py ...` (docs/training.md), or, to "
+        "train in one process on purpose, `SLURM_STEP_NUM_TASKS=1 python train.py ...`")
+    monkeypatch.setenv('SLURM_PROCID', '1')
+    with pytest.raises(SystemExit) as quiet:
+        settings.check(train_settings(), 1)
+    assert quiet.value.code == 1
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '1')  # the override
     settings.check(train_settings(), 1)
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    monkeypatch.setenv('RANK', '0')  # torchrun under srun: fine
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')
+    settings.check(train_settings(), 1)
+    assert capsys.readouterr().err == ''
+
+
+def test_ranks_set_without_torchrun_are_refused_or_warned_in_one_line(monkeypatch, capsys):
+    """RANK=0 WORLD_SIZE=2 from something other than torchrun: with nowhere to meet, refused in one line;
+    with MASTER_ADDR and MASTER_PORT, rank 0 says in one line that it waits for the other rank."""
+    for name in 'SLURM_STEP_NUM_TASKS', 'TORCHELASTIC_RUN_ID', 'MASTER_ADDR', 'MASTER_PORT', \
+            'LOCAL_WORLD_SIZE':
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('RANK', '0')
+    with pytest.raises(SystemExit) as refused:
+        settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert refused.value.code == ("train.py: RANK=0 WORLD_SIZE=2 without MASTER_ADDR and MASTER_PORT: "
+                                  "the ranks have nowhere to meet; launch with torchrun (docs/training.md)")
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    monkeypatch.setenv('MASTER_PORT', '29500')
+    settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert capsys.readouterr().err == (
+        "train.py: RANK=0 WORLD_SIZE=2 come from outside torchrun: rank 0 waits, silently, at "
+        "127.0.0.1:29500 until all 2 ranks have started; Ctrl-C if they never will\n")
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')  # torchrun's: nothing to say
+    settings.check(train_settings(gradient_accumulation_steps=2), 2)
+    assert capsys.readouterr().err == ''
+
+
+@pytest.fixture
+def second_node(monkeypatch):
+    """The environment torchrun gives a rank on node 1 of 2 (one rank each), GLOO_SOCKET_IFNAME unset,
+    and a host name, node1, that resolves to 127.0.1.1 as Debian's /etc/hosts makes it."""
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME', raising=False)
+    for name, value in dict(RANK='1', LOCAL_WORLD_SIZE='1', WORLD_SIZE='2', MASTER_PORT='29500').items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(settings.socket, 'gethostname', lambda: 'node1')
+    real_getaddrinfo = settings.socket.getaddrinfo
+
+    def getaddrinfo(host, *args):
+        if host == 'nowhere':
+            raise settings.socket.gaierror(settings.socket.EAI_NONAME, 'Name or service not known')
+        return real_getaddrinfo('127.0.1.1' if host in ('node0', 'node1') else host, *args)
+    monkeypatch.setattr(settings.socket, 'getaddrinfo', getaddrinfo)
+
+
+def test_gloo_takes_the_interface_of_the_route_to_master_addr(second_node, monkeypatch):
+    """A multi-node launch without GLOO_SOCKET_IFNAME: set to the interface of the route to MASTER_ADDR
+    (here this machine's own, its address taken as node 0's), never the loopback the host name gives."""
+    interfaces = settings.ipv4_interfaces()
+    network = {name: address for name, address in interfaces.items()
+               if not settings.is_loopback(address)}
+    if not network:
+        pytest.skip('this machine has no network interface with an IPv4 address')
+    name, address = next(iter(network.items()))
+    monkeypatch.setenv('MASTER_ADDR', address)
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == name
+    monkeypatch.setenv('GLOO_SOCKET_IFNAME', 'ib0')  # the user's choice stays
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'ib0'
+
+
+def test_gloo_on_a_host_name_that_resolves_to_loopback_is_set_or_refused(second_node, monkeypatch):
+    """Node 0's own name resolves to 127.0.1.1, so its route to MASTER_ADDR is loopback: its one network
+    interface serves; with two it cannot tell which, and says so in one line naming the variable. All
+    "nodes" on one machine (MASTER_ADDR loopback): loopback. One node alone: nothing to set."""
+    monkeypatch.setenv('MASTER_ADDR', 'node0')
+    addresses = {'lo': '127.0.0.1', 'eth0': '192.0.2.2'}
+    monkeypatch.setattr(settings, 'ipv4_interfaces', lambda: addresses)
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'eth0'
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME')
+    addresses['ib0'] = '10.0.0.2'
+    with pytest.raises(SystemExit) as refused:
+        settings.gloo_interface()
+    assert refused.value.code == (
+        "train.py: this host's name node1 resolves to loopback and the route to MASTER_ADDR=node0 names "
+        "no network interface, so gloo would listen where no other node can reach it; set "
+        "GLOO_SOCKET_IFNAME to the interface the nodes reach each other on (this node has: eth0, ib0)")
+    monkeypatch.setenv('MASTER_ADDR', 'nowhere')  # a name that resolves to nothing: the same line
+    with pytest.raises(SystemExit, match='MASTER_ADDR=nowhere names no network'):
+        settings.gloo_interface()
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    settings.gloo_interface()
+    assert os.environ['GLOO_SOCKET_IFNAME'] == 'lo'
+    monkeypatch.delenv('GLOO_SOCKET_IFNAME')
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')  # both ranks on this node
+    settings.gloo_interface()
+    assert 'GLOO_SOCKET_IFNAME' not in os.environ
+
+
+# a rank of a two-node launch: its host name resolves to 127.0.1.1 (Debian's /etc/hosts), it names gloo's
+# interface as train.py does, then all-reduces its rank over gloo (a 30 s timeout: a wrong address fails)
+GLOO_RANK = """import os, socket, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+from vrl import settings
+lookup = socket.getaddrinfo
+socket.gethostname = lambda: 'node' + os.environ['RANK']
+socket.getaddrinfo = lambda host, *a: lookup('127.0.1.1' if host.startswith('node') else host, *a)
+settings.gloo_interface()
+dist.init_process_group('gloo', timeout=timedelta(seconds=30))
+total = dist.all_reduce(ones := dist.torch.ones(1)) or ones.item()
+print(os.environ['RANK'], os.environ['GLOO_SOCKET_IFNAME'], total, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason='needs torch.distributed with gloo')
+def test_two_simulated_nodes_whose_host_names_resolve_to_loopback_meet_over_gloo(tmp_path):
+    """Two torchruns of one rank each, as two nodes start them, on one machine: each sets the interface
+    of its route to MASTER_ADDR (loopback here, where both "nodes" are) and the two ranks all-reduce."""
+    script = tmp_path / 'gloo_rank.py'
+    script.write_text(GLOO_RANK)
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != 'GLOO_SOCKET_IFNAME'} | {'OMP_NUM_THREADS': '1'}
+    nodes = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2',
+                               '--nproc_per_node=1', f'--node_rank={node}', '--master_addr=localhost',
+                               f'--master_port={port}', script, REPO], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in (0, 1)]
+    outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert [output.splitlines()[-1] for output in outputs] == ['0 lo 2.0', '1 lo 2.0']
+
+
+def test_an_empty_or_unwritable_out_dir_is_named_in_one_line(tmp_path):
+    """An empty out_dir and an existing folder that takes no file (/proc's, or a chmod'ed one where chmod
+    binds) are said as such, not as a blank path or a lock held by an unknown process; eval_only, which
+    writes nothing, may read a run in either."""
+    with pytest.raises(SystemExit) as refused:
+        settings.check_settings(train_settings(out_dir=''))
+    assert refused.value.code == "train.py: out_dir=''; name the run's folder, e.g. --out_dir=out/run"
+    folder = tmp_path / 'read_only'
+    folder.mkdir()
+    folder.chmod(0o555)
+    unwritable = str(folder) if not os.access(folder, os.W_OK) else '/proc/1'  # root: chmod binds not
+    with pytest.raises(SystemExit) as refused:
+        settings.check_settings(train_settings(out_dir=unwritable))
+    assert refused.value.code == (f"train.py: cannot write to {unwritable} (permission denied); pick another "
+                                  f"--out_dir")
+    settings.check_settings(train_settings(out_dir=unwritable, eval_only=True))
+    settings.check_settings(train_settings(out_dir=str(tmp_path / 'new' / 'run')))
 
 
 def test_settings_check_refuses_passes_that_do_not_split_over_the_ranks(monkeypatch):
     """gradient_accumulation_steps counts a step's passes over all ranks together (nanoGPT's meaning), so
     it must be a multiple of the world size."""
-    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    monkeypatch.delenv('SLURM_STEP_NUM_TASKS', raising=False)
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job')
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
     settings.check(train_settings(gradient_accumulation_steps=4), 2)
     settings.check(train_settings(gradient_accumulation_steps=3), 1)
     with pytest.raises(SystemExit) as refused:

@@ -69,3 +69,14 @@ def train_defaults():
               if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
               and node.targets[0].id.islower() and isinstance(node.value, (ast.Constant, ast.Tuple, ast.List))}
     return {f.name: f.default for f in dataclasses.fields(AblationConfig) if f.name != 'vocab_size'} | script
+
+
+def with_stdout_closed(command, **kwargs):
+    """command run with its stdout a pipe whose reader has already gone, as `| head` leaves it once it has its
+    lines: its CompletedProcess, stderr captured."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run(command, stdout=writer, stderr=subprocess.PIPE, text=True, **kwargs)
+    finally:
+        os.close(writer)

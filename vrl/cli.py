@@ -1,16 +1,20 @@
 """
 The command line's rules, for every script: argparse that reports a bad argument in one line, no file
-read whole from a pipe (it may wait forever for a writer), and a closed stdout (`| head`) no error.
+read whole from a pipe (it may wait forever for a writer), and a closed stdout (`| head`) or terminal no
+error.
 """
 import argparse
+import errno
 import os
 import stat
 import sys
 
 
 class ClosedStdoutIgnored:
-    """sys.stdout, but once its reader has gone (`python train.py | head -3`), what is written is dropped
-    instead of raising BrokenPipeError: a training run goes on, and saves, without its console."""
+    """sys.stdout (or sys.stderr), but once its reader has gone, what is written is dropped instead of
+    raising: BrokenPipeError when a pipe's reader has exited (`python train.py | head -3`), EIO when the
+    terminal has (a dropped ssh session: train.py's SIGHUP stop still has to save). A training run goes
+    on, and saves, without its console."""
 
     def __init__(self, stream):
         self.stream, self.closed_by_reader = stream, False
@@ -19,25 +23,34 @@ class ClosedStdoutIgnored:
         if not self.closed_by_reader:
             try:
                 return self.stream.write(text)
-            except BrokenPipeError:
-                self.closed_by_reader = True
+            except OSError as error:
+                self.reader_gone(error)
         return len(text)
 
     def flush(self):
         if not self.closed_by_reader:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
-                self.closed_by_reader = True
+            except OSError as error:
+                self.reader_gone(error)
+
+    def reader_gone(self, error):
+        """Note that the reader has gone, if error says so; re-raise any other error (a full disk)."""
+        if not (isinstance(error, BrokenPipeError) or error.errno == errno.EIO):
+            raise error
+        self.closed_by_reader = True
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
 
 def keep_going_without_stdout():
-    """Install ClosedStdoutIgnored as sys.stdout (once)."""
+    """Install ClosedStdoutIgnored as sys.stdout and as sys.stderr (once each): a run's progress bar and
+    messages go to stderr, which a closed terminal fails alike."""
     if not isinstance(sys.stdout, ClosedStdoutIgnored):
         sys.stdout = ClosedStdoutIgnored(sys.stdout)
+    if not isinstance(sys.stderr, ClosedStdoutIgnored):
+        sys.stderr = ClosedStdoutIgnored(sys.stderr)
 
 
 class ArgumentParser(argparse.ArgumentParser):

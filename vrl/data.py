@@ -147,6 +147,12 @@ def open_files(data_dir, meta, names, split):
         if largest >= meta["vocab_size"]:
             raise SystemExit(f"prepare.py: the {split} data in {data_dir} holds token id {largest}, "
                              f"outside the vocabulary of {meta['vocab_size']}; {again}")
+        # uint32 token ids below 65,536 read as uint16 are pairs (id, 0): every odd place a 0, which
+        # prepare.py's uint16 text never makes (meta.json's counts may have been edited to match)
+        if any(len(array) >= 64 and not array[1::2].any() and array[::2].any() for array in arrays):
+            raise SystemExit(f"prepare.py: the {split} data in {data_dir} has token id 0 at every odd "
+                             f"place, as uint32 (or wider) token ids read as prepare.py's uint16 do; "
+                             f"{again}")
     return arrays
 
 

@@ -86,7 +86,9 @@ def partial_dir(out_dir, script):
     except BaseException as e:
         shutil.rmtree(out_dir if made else partial, ignore_errors=True)
         if isinstance(e, OSError):  # a full disk, say
-            fix = "free space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the folder"
+            fix = ("free space" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                   else "raise the file size limit (`ulimit -f`)" if e.errno == errno.EFBIG
+                   else "check the folder")
             raise SystemExit(f"{script}: cannot write {e.filename or out_dir} ({e.strerror or e}); "
                              f"{fix} or pass another --out_dir") from None
         raise

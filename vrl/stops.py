@@ -122,7 +122,8 @@ class Quiet:
 
     def say_a_lone_failure(self):
         held = ''.join(self.held or [])
-        if sys.stderr is not self or not ('\ntrain.py: ' in '\n' + held or 'Traceback (most' in held):
+        said = any(f'\n{script}: ' in '\n' + held for script in ('train.py', 'prepare.py'))  # (its data's)
+        if sys.stderr is not self or not (said or 'Traceback (most' in held):
             return  # the loop started (its errors end the rank in one line), a stop signal, or no failure
         for sig in SIGNALS:  # torchrun's SIGTERM in the wait ends the rank silently
             signal.signal(sig, signal.SIG_DFL)
