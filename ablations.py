@@ -83,15 +83,15 @@ class AblationConfig(GPTConfig):
     look their values up in token tables, V_n = γ_v E_n[token], and cache token ids."""
     # --- the value residual's successors (check_successors, ValueGate, AttnResBlock below)
     value_gate: str = 'none'
-    """SATFormer (arXiv 2605.03953): V'_n = V_n + gate(W_α h_n) ⊙ V1, a scalar per token and KV head;
-    gate 'relu' (the paper's), 'sigmoid' or 'tanh'; 'none': off."""
+    """SATFormer (arXiv 2605.03953): V'_n = V_n + gate(W_α h_n) ⊙ V1, a scalar per token and
+    KV head; 'relu' (the paper's: variant satformer's), 'sigmoid' or 'tanh'; 'none': off."""
     value_gate_last_k: int = 0
-    """SATFormer's value_residual_last_k: only the last k layers gate V1 in; 0: every layer after 1."""
+    """SATFormer's value_residual_last_k: the last k layers alone gate V1 in; 0: all but layer 1."""
     value_gate_static: bool = False
-    """gated_resformer (ours): the gate reads a learned scalar per layer and KV head, not W_α h_n."""
+    """gated_resformer (ours): the gate reads a learned β per layer and KV head, not W_α h_n."""
     attn_res: str = 'none'
     """Attention Residuals (arXiv 2603.15031): each sublayer reads a softmax over depth of the
-    embedding and the sublayer outputs ('full') or of block sums ('block'); 'none': the residual sum."""
+    embedding and the sublayers' outputs ('full') or of block sums ('block'); 'none': off."""
     attn_res_block: int = 0
     """Block AttnRes: Transformer layers per block; 0: n_layer // 8 (about 8 blocks), at least 1."""
 
@@ -119,7 +119,10 @@ class AblationConfig(GPTConfig):
             rows = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
         if rows and self.anchors:
             rows = tuple((0.0, 1.0) if n in self.anchors else row for n, row in enumerate(rows, start=1))
-        super().apply_variant(VARIANTS | BASELINES | SUCCESSORS, rows)
+        presets = VARIANTS | BASELINES | SUCCESSORS
+        if self.value_gate != 'none' and 'value_gate' in presets[self.variant]:  # another gate
+            presets[self.variant] = presets[self.variant] | dict(value_gate=self.value_gate)
+        super().apply_variant(presets, rows)
 
     def check(self):
         for name, choices in CHOICES.items():
@@ -591,7 +594,7 @@ def check_successors(config):
          "value_gate_last_k and value_gate_static shape SATFormer's gate: set value_gate too")
     need(config.value_gate_last_k <= config.n_layer, f"value_gate_last_k="
          f"{config.value_gate_last_k} counts more layers than n_layer={config.n_layer}")
-    need(not gated or config.n_layer >= 2, "value_gate needs n_layer >= 2: layer 1 gates nothing in")
+    need(not gated or config.n_layer >= 2, "value_gate needs n_layer >= 2: layer 1 gates nothing")
     need(not gated or not config.value_residual,
          "value_gate adds V1 on its own (V_n + α V1): drop value_residual or use variant='custom'")
     need(not gated or config.share_kv in ('none', 'k') and not config.value_bank,
@@ -630,7 +633,7 @@ class ValueGate(nn.Module):
         self.beta = nn.Parameter(torch.full((config.n_kv_head,), 0.5)) if static else None
 
     def forward(self, x, v1):
-        """α_n ⊙ V1: x (B, T, C) the layer's normed input; v1 (B, H_kv, T, hd), V1 at x's positions."""
+        """α_n ⊙ V1: x (B, T, C), the layer's normed input; v1 (B, H_kv, T, hd) at x's positions."""
         logits = self.beta.view(-1, 1) if self.c_alpha is None else self.c_alpha(x).transpose(1, 2)
         return self.gate(logits).unsqueeze(-1) * v1  # (B or 1, H_kv, T or 1, 1): one α per head
 
@@ -644,9 +647,9 @@ def attn_res_sublayers(config):
 
 
 class DepthSources:
-    """What Attention Residuals attend over in one forward: the completed sources (the embedding, then
-    each block's sum of sublayer outputs) with their keys RMSNorm(source), and the sum of the current
-    block's outputs so far. Each key is normalised once: every later sublayer reads the same tensor."""
+    """What Attention Residuals attend over in one forward: the completed sources (the embedding,
+    then each block's sum of sublayer outputs) with their keys RMSNorm(source), and the sum of the
+    current block's outputs so far. Each key is normalised once, and later sublayers share it."""
 
     def __init__(self, x, per_block, eps):
         self.eps, self.per_block, self.added = eps, per_block, 0

@@ -129,9 +129,9 @@ TUNED_SEEDS = 6
 TUNED_BEST = {}
 # Fig. 7 Left and Fig. 14's lengths at 2,048 tokens a step (the paper's 512 to 64,000 at 2M)
 LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [64, 128, 256, 512]}
-# Beyond the paper: the value residual's successors (ablations.py's SUCCESSORS), each beside the Transformer and
-# Identity ResFormer at both depths and paired with the Transformer of its depth; a Transformer widened to its
-# parameters where one adds more than 1% (SUCCESSOR_MATCHED).
+# Beyond the paper: the value residual's successors (ablations.py's SUCCESSORS), each beside the
+# Transformer and Identity ResFormer at both depths and paired with the Transformer of its depth; a
+# Transformer widened to its parameters where one adds more than 1% (SUCCESSOR_MATCHED).
 SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block']
 SUCCESSOR_MATCHED = 0.01
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
@@ -291,7 +291,8 @@ def suite_groups(suite, scale):
     if suite == 'successors':
         return at_two_depths(scale, lambda n_layer: [
             *[(v, dict(variant=v)) for v in (BASELINE, 'resformer_identity', *SUCCESSORS)],
-            *[group for v in SUCCESSORS if added_params(scale, n_layer, dict(variant=v)) > SUCCESSOR_MATCHED
+            *[group for v in SUCCESSORS
+              if added_params(scale, n_layer, dict(variant=v)) > SUCCESSOR_MATCHED
               for group in widened(scale, n_layer, dict(variant=v))]])
     raise ValueError(f"unknown suite {suite!r}")
 
@@ -333,7 +334,8 @@ def widened(scale, n_layer, flags):
 
 
 def extra_params(scale, n_layer, flags):
-    """(The parameters a model with flags adds to the Transformer of the scale and depth, the Transformer's.)"""
+    """(The parameters a model with flags adds to the Transformer of the scale and depth, the
+    Transformer's.)"""
     shape = dict(n_layer=n_layer, n_head=SCALES[scale]['n_head'], n_embd=SCALES[scale]['n_embd'],
                  vocab_size=PADDED_VOCAB[scale])
     with torch.device('meta'):
@@ -342,7 +344,7 @@ def extra_params(scale, n_layer, flags):
 
 
 def added_params(scale, n_layer, flags):
-    """The parameters a model with flags adds to the Transformer, a fraction of the Transformer's."""
+    """The parameters a model with flags adds to the Transformer, a fraction of its."""
     extra, plain = extra_params(scale, n_layer, flags)
     return extra / plain
 
@@ -352,7 +354,8 @@ def matched_ffn(scale, n_layer, flags):
     embeddings, a bank of values)."""
     n_embd = SCALES[scale]['n_embd']
     # 3 SwiGLU matrices a layer
-    return round(3.5 * n_embd) + round(extra_params(scale, n_layer, flags)[0] / (3 * n_embd * n_layer))
+    extra = extra_params(scale, n_layer, flags)[0]
+    return round(3.5 * n_embd) + round(extra / (3 * n_embd * n_layer))
 
 
 def run_name(scale, settings):
