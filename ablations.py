@@ -596,13 +596,14 @@ def check_successors(config):
          f"{config.value_gate_last_k} counts more layers than n_layer={config.n_layer}")
     need(not gated or config.n_layer >= 2, "value_gate needs n_layer >= 2: layer 1 gates nothing")
     need(not gated or not config.value_residual,
-         "value_gate adds V1 on its own (V_n + α V1): drop value_residual or use variant='custom'")
+         "value_gate adds V1 on its own (V_n + α V1): use variant='satformer', or drop value_residual")
     need(not gated or config.share_kv in ('none', 'k') and not config.value_bank,
          "value_gate adds to a layer's own values: drop share_kv='v'/'kv' and value_bank")
     need(config.attn_res == 'block' or not config.attn_res_block,
          "attn_res_block sizes Block AttnRes's blocks: set attn_res='block' too")
-    need(config.attn_res == 'none' or not config.denseformer and config.h0_residual,
-         "attn_res replaces the residual stream: drop denseformer and h0_residual=False")
+    need(config.attn_res == 'none' or not config.denseformer and config.h0_residual
+         and config.residual_type != 'hidden', "attn_res replaces the residual stream: drop "
+         "denseformer, h0_residual=False and residual_type='hidden'")
 
 
 def gates_v1(config, n):
