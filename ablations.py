@@ -596,7 +596,7 @@ def check_successors(config):
          f"{config.value_gate_last_k} counts more layers than n_layer={config.n_layer}")
     need(not gated or config.n_layer >= 2, "value_gate needs n_layer >= 2: layer 1 gates nothing")
     need(not gated or not config.value_residual,
-         "value_gate adds V1 on its own (V_n + α V1): use variant='satformer', or drop value_residual")
+         "value_gate adds V1 itself (V_n + α V1): use variant='satformer' or drop value_residual")
     need(not gated or config.share_kv in ('none', 'k') and not config.value_bank,
          "value_gate adds to a layer's own values: drop share_kv='v'/'kv' and value_bank")
     need(config.attn_res == 'block' or not config.attn_res_block,
