@@ -618,10 +618,11 @@ class ValueGate(nn.Module):
     α_n = gate(W_α h_n), W_α: (n_embd -> n_kv_head), no bias (the code's default). As in the code:
     h_n is the attention's input after its norm (what W_Q, W_K, W_V read), V1 layer 1's own values,
     not detached, V_n gets no weight, and W_α starts N(0, 0.02²) as every linear (normal_init), so
-    with ReLU about half the gates start open, each a little. The KV cache holds the mixed V'_n, as
-    ResFormer's: SATFormer caches no more than the Transformer. Ours: the backbone is the paper's
-    (the code's configs add a QK-norm). SATFormer's `resformer` baseline is Learnable-Plus with λ'
-    started at 0 (resformer_learnable_plus here); its `gatedresformer` is SATFormer's earlier name
+    with ReLU about half the gates start open, each a little (we read the code; of the paper, its
+    abstract alone). The KV cache holds the mixed V'_n, as ResFormer's: SATFormer caches no more
+    than the Transformer. Ours: model.py's backbone (the code's configs tie the embeddings and add
+    a QK-norm). SATFormer's `resformer` baseline is Learnable-Plus with λ' started at 0
+    (resformer_learnable_plus here); its `gatedresformer` is SATFormer's earlier name
     (commit f6f8692 renamed it, the code unchanged), so value_gate_static names our own control
     instead: α_{n,h} = gate(β_{n,h}), one learned scalar per layer and KV head, β started at 0.5 (α
     = 0.5 with ReLU: V_n + 0.5 V1): head-wise like SATFormer but blind to the token."""
@@ -679,8 +680,8 @@ class DepthSources:
 
 class DepthAttention(nn.Module):
     """One sublayer's input under Attention Residuals: h = Σ_i softmax_i(w · RMSNorm(v_i)) v_i over
-    the sources v_i at the same position, w a learned pseudo-query started at 0 (the paper: the
-    sources start uniformly weighted)."""
+    the sources v_i at the same position, w a learned pseudo-query started at 0, so that the
+    sources start uniformly weighted (the paper, as its ports quote it)."""
 
     def __init__(self, config):
         super().__init__()
@@ -693,17 +694,20 @@ class DepthAttention(nn.Module):
 
 
 class AttnResBlock(AblationBlock):
-    """AblationBlock under Attention Residuals (Kimi Team, arXiv 2603.15031, Sec. 3 and its Block
-    AttnRes pseudo-code): the residual sum is gone; the attention and the MLP (each a sublayer with
-    its own pseudo-query) read a softmax over depth (DepthAttention) of the token embedding and the
-    earlier sublayers' outputs, and the final norm reads one more (the last layer's attn_res_out).
-    Block AttnRes attends over block sums instead: the embedding, each completed block's summed
-    outputs and the current block's partial sum. Where the paper leaves it open (ours): the depth
-    attention reads the un-normed sources and its result enters the sublayer's pre-norm as x did;
-    layer 1's attention reads the embedding alone and has no query; blocks count Transformer layers
-    (attn_res_block; 0: n_layer // 8, the paper's about 8 blocks, so one layer a block at 4 and 8
-    layers: Block AttnRes then sums each layer's attention and MLP, full AttnRes keeps them apart).
-    It mixes each position's own sources: the KV cache is the Transformer's."""
+    """AblationBlock under Attention Residuals (Kimi Team, arXiv 2603.15031: its abstract, and its
+    Eqs. 2-4 and Fig. 2's block_attn_res pseudo-code as public ports quote them; we could read
+    neither its full text nor its official repository): the residual sum is gone; the attention
+    and the MLP (each a sublayer with its own pseudo-query) read a softmax over depth
+    (DepthAttention) of the token embedding and the earlier sublayers' outputs, and the final norm
+    reads one more (the last layer's attn_res_out). Block AttnRes attends over block sums instead:
+    the embedding, each completed block's summed outputs and the current block's partial sum.
+    Where the paper leaves it open, or we could not read it (ours): the depth attention reads the
+    un-normed sources, its keys RMSNorm(v_i) without a gain (which the query would absorb), and its
+    result enters the sublayer's pre-norm as x did; layer 1's attention reads the embedding alone
+    and has no query; blocks count Transformer layers (attn_res_block; 0: n_layer // 8, the
+    paper's about 8 blocks, so one layer a block at 4 and 8 layers: Block AttnRes then sums each
+    layer's attention and MLP, full AttnRes keeps them apart). It mixes each position's own
+    sources: the KV cache is the Transformer's."""
 
     def __init__(self, config, n):
         super().__init__(config, n)
