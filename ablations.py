@@ -33,10 +33,18 @@ BASELINES = {
     'shared_query': dict(value_residual=True, residual_type='query'),
     'shared_key': dict(value_residual=True, residual_type='key'),
 }
+# The value residual's successors, from outside the paper (their code at the end of this file):
+# SATFormer and our static-gate control of it, Attention Residuals and Block AttnRes.
+SUCCESSORS = {
+    'satformer': dict(value_gate='relu'),
+    'gated_resformer': dict(value_gate='relu', value_gate_static=True),
+    'attn_res': dict(attn_res='full'), 'attn_res_block': dict(attn_res='block'),
+}
 CHOICES = dict(residual_from=('first', 'second', 'adjacent', 'previous', 'dense'),
                residual_type=('value', 'query', 'key', 'attention', 'hidden'),
                value_mapping=('current', 'first', 'identity', 'cross'),
-               share_kv=('none', 'kv', 'k', 'v'), backbone=('llama', 'gpt2'))
+               share_kv=('none', 'kv', 'k', 'v'), backbone=('llama', 'gpt2'),
+               value_gate=('none', 'relu', 'sigmoid', 'tanh'), attn_res=('none', 'full', 'block'))
 
 
 @dataclass
@@ -73,6 +81,19 @@ class AblationConfig(GPTConfig):
     value_bank: bool = False
     """Bank of Values (He et al., arXiv 2606.02780; not the paper): the top third of the layers
     look their values up in token tables, V_n = γ_v E_n[token], and cache token ids."""
+    # --- the value residual's successors (check_successors, ValueGate, AttnResBlock below)
+    value_gate: str = 'none'
+    """SATFormer (arXiv 2605.03953): V'_n = V_n + gate(W_α h_n) ⊙ V1, a scalar per token and
+    KV head; 'relu' (the paper's: variant satformer's), 'sigmoid' or 'tanh'; 'none': off."""
+    value_gate_last_k: int = 0
+    """SATFormer's value_residual_last_k: the last k layers alone gate V1 in; 0: all but layer 1."""
+    value_gate_static: bool = False
+    """gated_resformer (ours): the gate reads a learned β per layer and KV head, not W_α h_n."""
+    attn_res: str = 'none'
+    """Attention Residuals (arXiv 2603.15031): each sublayer reads a softmax over depth of the
+    embedding and the sublayers' outputs ('full') or of block sums ('block'); 'none': off."""
+    attn_res_block: int = 0
+    """Block AttnRes: Transformer layers per block; 0: n_layer // 8 (about 8 blocks), at least 1."""
 
     def __post_init__(self):
         gpt2_width = self.ffn_hidden is None and self.backbone == 'gpt2'
@@ -98,7 +119,10 @@ class AblationConfig(GPTConfig):
             rows = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
         if rows and self.anchors:
             rows = tuple((0.0, 1.0) if n in self.anchors else row for n, row in enumerate(rows, start=1))
-        super().apply_variant(VARIANTS | BASELINES, rows)
+        presets = VARIANTS | BASELINES | SUCCESSORS
+        if self.value_gate != 'none' and 'value_gate' in presets[self.variant]:  # another gate
+            presets[self.variant] = presets[self.variant] | dict(value_gate=self.value_gate)
+        super().apply_variant(presets, rows)
 
     def check(self):
         for name, choices in CHOICES.items():
@@ -109,6 +133,7 @@ class AblationConfig(GPTConfig):
         need(isinstance(self.anchors, tuple) and all(
             isinstance(n, int) and 1 < n <= self.n_layer for n in self.anchors),
              f"anchors={self.anchors!r}: layer numbers from 2 to n_layer={self.n_layer}")
+        check_successors(self)
         super().check()
         need(not self.neutreno_lambda or self.n_kv_head == self.n_head,
              "NeuTRENO adds λ(V1 - V_n) to the merged heads and needs n_kv_head = n_head")
@@ -174,7 +199,7 @@ class AblationConfig(GPTConfig):
 
 def build_model(config):
     """The model a config describes: the paper's GPT, or an AblationGPT when the config sets any of
-    AblationConfig's own fields (or names one of BASELINES)."""
+    AblationConfig's own fields (or names one of BASELINES or SUCCESSORS)."""
     return AblationGPT(config) if ablations(config) else GPT(config)
 
 
@@ -233,6 +258,7 @@ class Carry:
         self.layers = []           # the Heads of layers 1 .. n-1
         self.streams = [x]         # DenseFormer's X_0 (the embedding), X_1, ...: block outputs
         self.h_source = None       # the source layer's input H_s (the hidden residual)
+        self.depth = None          # Attention Residuals' sources (DepthSources)
 
 
 class AblationAttention(CausalSelfAttention):
@@ -268,6 +294,7 @@ class AblationAttention(CausalSelfAttention):
         in_bank = in_value_bank(config, n)
         self.bank = nn.Embedding(config.vocab_size, kv_dim) if in_bank else None
         self.gamma_v = nn.Parameter(torch.ones(1)) if in_bank else None
+        self.value_gate = ValueGate(config) if gates_v1(config, n) else None  # SATFormer
 
     @torch.no_grad()
     def init_tables(self, wte, eps):
@@ -340,6 +367,8 @@ class AblationAttention(CausalSelfAttention):
             mixed = sum(w * vi for w, vi in zip(self.dense, earlier))
         else:
             mixed = self.mix(lambda_n, v1, v)
+        if self.value_gate is not None:  # SATFormer: V'_n = V_n + α_n ⊙ V1, at the new positions
+            mixed = mixed + self.value_gate(x, carry.layers[0].fresh)
         return (mixed if kv_cache is None else kv_cache.store('v', self.v_slot, mixed)), v
 
     def source_values(self, source, carry):
@@ -455,7 +484,7 @@ class AblationGPT(GPT):
     lab/analyze.py reads. With none of them set it computes what GPT does, bit for bit."""
 
     def __init__(self, config):
-        super().__init__(config, block=AblationBlock)
+        super().__init__(config, block=AttnResBlock if config.attn_res != 'none' else AblationBlock)
         L = config.n_layer
         # DenseFormer's α: block n's output weights X_0 .. X_n, started at the identity
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(n), n + 1).float())
@@ -548,3 +577,153 @@ class AblationGPT(GPT):
         if n == self.config.source_layer:
             carry.h_source = x  # H_s, the source block's input (H0 = the embedding)
         return x
+
+
+# --- The value residual's successors: SATFormer and Attention Residuals. Each is an AblationConfig
+# field (value_gate, attn_res), checked here, acting through ValueGate (in AblationAttention.values)
+# or AttnResBlock (the block AblationGPT builds when attn_res is set).
+
+def check_successors(config):
+    """The successors' settings that cannot work, each a one-line ValueError."""
+    for name in ('value_gate_last_k', 'attn_res_block'):
+        value = getattr(config, name)
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+             f"{name}={value!r} must be an int >= 0 (0: the default)")
+    gated = config.value_gate != 'none'
+    need(gated or not (config.value_gate_last_k or config.value_gate_static),
+         "value_gate_last_k and value_gate_static shape SATFormer's gate: set value_gate too")
+    need(config.value_gate_last_k <= config.n_layer, f"value_gate_last_k="
+         f"{config.value_gate_last_k} counts more layers than n_layer={config.n_layer}")
+    need(not gated or config.n_layer >= 2, "value_gate needs n_layer >= 2: layer 1 gates nothing")
+    need(not gated or not config.value_residual,
+         "value_gate adds V1 itself (V_n + α V1): use variant='satformer' or drop value_residual")
+    need(not gated or config.share_kv in ('none', 'k') and not config.value_bank,
+         "value_gate adds to a layer's own values: drop share_kv='v'/'kv' and value_bank")
+    need(config.attn_res == 'block' or not config.attn_res_block,
+         "attn_res_block sizes Block AttnRes's blocks: set attn_res='block' too")
+    need(config.attn_res == 'none' or not config.denseformer and config.h0_residual
+         and config.residual_type != 'hidden', "attn_res replaces the residual stream: drop "
+         "denseformer, h0_residual=False and residual_type='hidden'")
+
+
+def gates_v1(config, n):
+    """SATFormer's layers: after layer 1, the last value_gate_last_k of them when it is set."""
+    k = config.value_gate_last_k or config.n_layer
+    return config.value_gate != 'none' and n > 1 and n > config.n_layer - k
+
+
+class ValueGate(nn.Module):
+    """SATFormer (Gunasekaran et al., arXiv 2605.03953; code: models/satformer/attn_satformer.py,
+    ValueResidualMixing): layer n adds V1 gated per token and KV head, V'_n = V_n + α_n ⊙ V1 with
+    α_n = gate(W_α h_n), W_α: (n_embd -> n_kv_head), no bias (the code's default). As in the code:
+    h_n is the attention's input after its norm (what W_Q, W_K, W_V read), V1 layer 1's own values,
+    not detached, V_n gets no weight, and W_α starts N(0, 0.02²) as every linear (normal_init), so
+    with ReLU about half the gates start open, each a little (we read the code; of the paper, its
+    abstract alone). The KV cache holds the mixed V'_n, as ResFormer's: SATFormer caches no more
+    than the Transformer. Ours: model.py's backbone (the code's configs tie the embeddings and add
+    a QK-norm). SATFormer's `resformer` baseline is Learnable-Plus with λ' started at 0
+    (resformer_learnable_plus here); its `gatedresformer` is SATFormer's earlier name
+    (commit f6f8692 renamed it, the code unchanged), so value_gate_static names our own control
+    instead: α_{n,h} = gate(β_{n,h}), one learned scalar per layer and KV head, β started at 0.5 (α
+    = 0.5 with ReLU: V_n + 0.5 V1): head-wise like SATFormer but blind to the token."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.gate = getattr(torch, config.value_gate)  # torch.relu, torch.sigmoid or torch.tanh
+        static = config.value_gate_static
+        self.c_alpha = None if static else nn.Linear(config.n_embd, config.n_kv_head, bias=False)
+        self.beta = nn.Parameter(torch.full((config.n_kv_head,), 0.5)) if static else None
+
+    def forward(self, x, v1):
+        """α_n ⊙ V1: x (B, T, C), the layer's normed input; v1 (B, H_kv, T, hd) at x's positions."""
+        logits = self.beta.view(-1, 1) if self.c_alpha is None else self.c_alpha(x).transpose(1, 2)
+        return self.gate(logits).unsqueeze(-1) * v1  # (B or 1, H_kv, T or 1, 1): one α per head
+
+
+def attn_res_sublayers(config):
+    """Sublayers (attention, MLP) summed into one source of Attention Residuals: 1 for full AttnRes,
+    where every sublayer's output is a source; twice attn_res_block layers for Block AttnRes."""
+    if config.attn_res == 'full':
+        return 1
+    return 2 * (config.attn_res_block or max(1, config.n_layer // 8))
+
+
+class DepthSources:
+    """What Attention Residuals attend over in one forward: the completed sources (the embedding,
+    then each block's sum of sublayer outputs) with their keys RMSNorm(source), and the sum of the
+    current block's outputs so far. Each key is normalised once, and later sublayers share it."""
+
+    def __init__(self, x, per_block, eps):
+        self.eps, self.per_block, self.added = eps, per_block, 0
+        self.values, self.keys = [x], [self.key(x)]
+        self.partial = None
+
+    def key(self, v):
+        # no gain: a learned gain g would multiply into the pseudo-query, g ⊙ w (ours)
+        return F.rms_norm(v, (v.size(-1),), eps=self.eps)
+
+    def add(self, out):
+        """A sublayer's output: into the current block's sum, which completes every per_block."""
+        self.partial = out if self.partial is None else self.partial + out
+        self.added += 1
+        if self.added % self.per_block == 0:
+            self.values.append(self.partial)
+            self.keys.append(self.key(self.partial))
+            self.partial = None
+
+    def sources(self):
+        """(values, keys), the current block's partial sum last when it has one."""
+        if self.partial is None:
+            return self.values, self.keys
+        return self.values + [self.partial], self.keys + [self.key(self.partial)]
+
+
+class DepthAttention(nn.Module):
+    """One sublayer's input under Attention Residuals: h = Σ_i softmax_i(w · RMSNorm(v_i)) v_i over
+    the sources v_i at the same position, w a learned pseudo-query started at 0, so that the
+    sources start uniformly weighted (the paper, as its ports quote it)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(config.n_embd))
+
+    def forward(self, depth):
+        values, keys = depth.sources()
+        weights = torch.stack([k @ self.query for k in keys]).softmax(dim=0)  # (sources, B, T)
+        return sum(w.unsqueeze(-1) * v for w, v in zip(weights, values))
+
+
+class AttnResBlock(AblationBlock):
+    """AblationBlock under Attention Residuals (Kimi Team, arXiv 2603.15031: its abstract, and its
+    Eqs. 2-4 and Fig. 2's block_attn_res pseudo-code as public ports quote them; we could read
+    neither its full text nor its official repository): the residual sum is gone; the attention
+    and the MLP (each a sublayer with its own pseudo-query) read a softmax over depth
+    (DepthAttention) of the token embedding and the earlier sublayers' outputs, and the final norm
+    reads one more (the last layer's attn_res_out). Block AttnRes attends over block sums instead:
+    the embedding, each completed block's summed outputs and the current block's partial sum.
+    Where the paper leaves it open, or we could not read it (ours): the depth attention reads the
+    un-normed sources, its keys RMSNorm(v_i) without a gain (which the query would absorb), and its
+    result enters the sublayer's pre-norm as x did; layer 1's attention reads the embedding alone
+    and has no query; blocks count Transformer layers (attn_res_block; 0: n_layer // 8, the
+    paper's about 8 blocks, so one layer a block at 4 and 8 layers: Block AttnRes then sums each
+    layer's attention and MLP, full AttnRes keeps them apart). It mixes each position's own
+    sources: the KV cache is the Transformer's."""
+
+    def __init__(self, config, n):
+        super().__init__(config, n)
+        self.n, self.per_block, self.eps = n, attn_res_sublayers(config), config.norm_eps
+        self.attn_res_attn = DepthAttention(config) if n > 1 else None
+        self.attn_res_mlp = DepthAttention(config)
+        self.attn_res_out = DepthAttention(config) if n == config.n_layer else None
+
+    def forward(self, x, rope, lambda_n, carry, kv_cache):
+        """Returns (the MLP's input, or the final norm's after the last layer; Heads)."""
+        if self.n == 1:  # x: the token embedding, the first source
+            carry.depth = DepthSources(x, self.per_block, self.eps)
+        depth = carry.depth
+        h = x if self.attn_res_attn is None else self.attn_res_attn(depth)
+        y, heads = self.attn(self.norm_attn(h), rope, lambda_n, carry, kv_cache)
+        depth.add(y)
+        h = self.attn_res_mlp(depth)
+        depth.add(self.mlp(self.norm_mlp(h)))
+        return (h if self.attn_res_out is None else self.attn_res_out(depth)), heads

@@ -48,7 +48,7 @@ from lab import relative_loss  # lab/relative_loss.py, beside this file (lab.rep
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 SUITES = ('variants', 'depth', 'value_embed', 'value_bank', 'scaling', 'lr', 'kv', 'controls', 'muon_lr',
           'optimizer', 'share_kv', 'residual_type', 'lambdas', 'neutreno', 'svformer', 'lengths', 'mapping',
-          'shared_qk', 'backbone', 'anchors', 'source', 'placement', 'tuned')
+          'shared_qk', 'backbone', 'anchors', 'source', 'placement', 'tuned', 'successors')
 
 # Shared settings of every run at each scale. 'cpu' is train.py's default model (4 layers, d = 128,
 # character-level Shakespeare, 600 steps of 2,048 tokens: ~1.5 min on 2 idle cores), evaluated every 50 steps
@@ -129,6 +129,11 @@ TUNED_SEEDS = 6
 TUNED_BEST = {}
 # Fig. 7 Left and Fig. 14's lengths at 2,048 tokens a step (the paper's 512 to 64,000 at 2M)
 LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [64, 128, 256, 512]}
+# Beyond the paper: the value residual's successors (ablations.py's SUCCESSORS), each beside the
+# Transformer and Identity ResFormer at both depths and paired with the Transformer of its depth; a
+# Transformer widened to its parameters where one adds more than 1% (SUCCESSOR_MATCHED).
+SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block']
+SUCCESSOR_MATCHED = 0.01
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
 
@@ -283,6 +288,12 @@ def suite_groups(suite, scale):
                 groups += [(f"{v} at the Transformer's best L{depth}", dict(shape, **recipe(v, *best)),
                             f'{BASELINE} at its best L{depth}') for v in TUNED_MODELS[1:]]
         return groups
+    if suite == 'successors':
+        return at_two_depths(scale, lambda n_layer: [
+            *[(v, dict(variant=v)) for v in (BASELINE, 'resformer_identity', *SUCCESSORS)],
+            *[group for v in SUCCESSORS
+              if added_params(scale, n_layer, dict(variant=v)) > SUCCESSOR_MATCHED
+              for group in widened(scale, n_layer, dict(variant=v))]])
     raise ValueError(f"unknown suite {suite!r}")
 
 
@@ -322,17 +333,29 @@ def widened(scale, n_layer, flags):
     return [(f'{BASELINE} ffn={ffn}', dict(variant=BASELINE, ffn_hidden=ffn))] if ffn != plain else []
 
 
+def extra_params(scale, n_layer, flags):
+    """(The parameters a model with flags adds to the Transformer of the scale and depth, the
+    Transformer's.)"""
+    shape = dict(n_layer=n_layer, n_head=SCALES[scale]['n_head'], n_embd=SCALES[scale]['n_embd'],
+                 vocab_size=PADDED_VOCAB[scale])
+    with torch.device('meta'):
+        plain = build_model(AblationConfig(**shape)).num_params()
+        return build_model(AblationConfig(**shape, **flags)).num_params() - plain, plain
+
+
+def added_params(scale, n_layer, flags):
+    """The parameters a model with flags adds to the Transformer, a fraction of its."""
+    extra, plain = extra_params(scale, n_layer, flags)
+    return extra / plain
+
+
 def matched_ffn(scale, n_layer, flags):
     """The SwiGLU width at which a Transformer has the parameters of the same Transformer with flags (value
     embeddings, a bank of values)."""
-    base = SCALES[scale] | dict(n_layer=n_layer)
-    shape = dict(n_layer=n_layer, n_head=base['n_head'], n_embd=base['n_embd'],
-                 vocab_size=PADDED_VOCAB[scale])
-    with torch.device('meta'):
-        extra = (build_model(AblationConfig(**shape, **flags)).num_params()
-                 - build_model(AblationConfig(**shape)).num_params())
+    n_embd = SCALES[scale]['n_embd']
     # 3 SwiGLU matrices a layer
-    return round(3.5 * base['n_embd']) + round(extra / (3 * base['n_embd'] * n_layer))
+    extra = extra_params(scale, n_layer, flags)[0]
+    return round(3.5 * n_embd) + round(extra / (3 * n_embd * n_layer))
 
 
 def run_name(scale, settings):
@@ -395,7 +418,8 @@ PROBE_TOLERANCE = 1e-3
 # the settings a probe takes from its run: those that change what the variant computes
 PROBED = ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping', 'residual_type', 'h0_residual',
           'muon', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
-          'neutreno_lambda', 'residual_from', 'anchors', 'backbone')
+          'neutreno_lambda', 'residual_from', 'anchors', 'backbone',
+          'value_gate', 'value_gate_last_k', 'value_gate_static', 'attn_res', 'attn_res_block')
 # --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
 # loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
 # steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain

@@ -219,7 +219,8 @@ def test_run_names_identify_settings():
     muon = sum({4: 3, 8: 1}[depth] for scale, depth in reproduce.MUON_LR if scale == 'cpu')
     figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 7
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
-                                           + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3)
+                                           + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3
+                                           + 4 * 2 * 3)  # successors: 4 new at each depth
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]

@@ -1,0 +1,28 @@
+# Beyond the paper: the value residual against its successors at 82M (8 layers, 8 heads, d 512),
+# paper_recipe.py's recipe, each method at its own paper's defaults (ablations.py's SUCCESSORS,
+# whose docstrings give the sources and our choices). Untested on a GPU: no run of this file has
+# been made. SATFormer (arXiv 2605.03953): V'_n = V_n + relu(W_α h_n) ⊙ V1, one gate per token and
+# KV head in layers 2-8; gated_resformer: our static control of it, one learned gate per layer and
+# KV head; Attention Residuals (arXiv 2603.15031): each sublayer reads a softmax over depth of the
+# embedding and every earlier sublayer's output; Block AttnRes over block sums, one layer a block
+# here (8 blocks, the paper's N = 8). None adds more than 0.04% parameters, nor any KV cache.
+# SATFormer's other options: --variant=satformer --value_gate=sigmoid (or tanh) and
+# --value_gate_last_k=k (the last k layers alone). Runs:
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=vanilla --out_dir=out/successors_vanilla
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=resformer_identity --out_dir=out/successors_resformer
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=satformer --out_dir=out/successors_satformer
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=gated_resformer --out_dir=out/successors_gated_resformer
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=attn_res --out_dir=out/successors_attn_res
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=attn_res_block --out_dir=out/successors_attn_res_block
+# The relative training loss (each run's smoothed training loss minus the Transformer's):
+#   python lab/relative_loss.py out/successors_vanilla out/successors_resformer out/successors_satformer out/successors_gated_resformer out/successors_attn_res out/successors_attn_res_block
+# CPU counterpart (4 and 8 layers, d 128, character-level Shakespeare, 3 seeds; GPT-2 BPE with
+# --scale=bpe):
+#   python lab/reproduce.py successors
+import os
+exec(open(os.path.join(os.path.dirname(__file__), 'paper_recipe.py')).read())
+out_dir = 'out/successors_satformer'
+variant = 'satformer'
+n_layer = 8
+n_head = 8
+n_embd = 512
