@@ -450,15 +450,42 @@ def train(command, env, stdout):
 _probes = {}
 
 
-def probe(settings):
-    """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
-    # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
-    # must show in the probe of every run that sets it
+def probe_settings(settings):
+    """The probe run of settings: PROBE's tiny shape with the flags that change what the variant computes
+    (shapes and schedules aside): a change to one of them must show in the probe of every run that sets it."""
     tiny = PROBE | {k: settings[k] for k in PROBED if k in settings}
     if 'lambdas' in settings or 'anchors' in settings:  # a λ table has a row per layer
         tiny['n_layer'] = settings['n_layer']
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
+    return tiny
+
+
+def stored_probes(results_dir):
+    """A stand-in for probe that trains nothing (--report_only, --check_verdicts): the probe that most
+    summaries in results_dir/runs of the same probe run recorded. A summary whose probe differs from its
+    fellows' still reads as stale; a set retrained by other code all at once does not (--dry_run probes
+    today's code)."""
+    tallies = {}
+    for path in sorted((results_dir / 'runs').glob('*.json')):
+        try:
+            summary = json.loads(path.read_text())
+            key = json.dumps(probe_settings(summary['settings']), sort_keys=True)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # unreadable: summary_state says so
+        if summary.get('probe'):
+            tally = tallies.setdefault(key, {})
+            tally[json.dumps(summary['probe'])] = tally.get(json.dumps(summary['probe']), 0) + 1
+
+    def today(settings):
+        tally = tallies.get(json.dumps(probe_settings(settings), sort_keys=True))
+        return json.loads(max(tally, key=tally.get)) if tally else None
+    return today
+
+
+def probe(settings):
+    """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
+    tiny = probe_settings(settings)
     key = json.dumps(tiny, sort_keys=True)
     if key not in _probes:
         with tempfile.TemporaryDirectory() as out_dir:
@@ -489,9 +516,10 @@ def commit():
     return head + ('-dirty' if dirty else '')
 
 
-def summary_state(path, settings):
+def summary_state(path, settings, today=None):
     """'todo' (no summary), 'unreadable' (cut short or not ours), 'stale' (made by code that trains
-    differently: its probe differs from today's, or it has none) or 'done'."""
+    differently: its probe differs from today's, or it has none) or 'done'. today: the probe of today's
+    code (default: probe, which trains it; stored_probes reads it off the summaries)."""
     if not path.exists():
         return 'todo'
     try:
@@ -499,8 +527,8 @@ def summary_state(path, settings):
         summary['final_val_loss'], summary['curve']
     except (OSError, ValueError, TypeError, KeyError):
         return 'unreadable'
-    old, new = summary.get('probe'), probe(settings)
-    if not old or len(old) != len(new) or max(abs(a - b) for a, b in zip(old, new)) > PROBE_TOLERANCE:
+    old, new = summary.get('probe'), (today or probe)(settings)
+    if not old or not new or len(old) != len(new) or max(abs(a - b) for a, b in zip(old, new)) > PROBE_TOLERANCE:
         return 'stale'
     return 'done'
 
@@ -687,6 +715,50 @@ def paired_t(xs, baselines):
     return mean, std, t
 
 
+def t_within(t, df):
+    """P(|T| <= t) for Student's t with df degrees of freedom (an integer): the finite series of
+    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df), exact and without scipy."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2:  # 2/π (θ + sin θ (cos θ + 2/3 cos³ θ + ... + (2·4···(df−3))/(1·3···(df−2)) cos^(df−2) θ))
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total, term = total + term, term * 2 * k / (2 * k + 1) * cos2
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    term, total = 1.0, 0.0  # sin θ (1 + 1/2 cos² θ + ... + (1·3···(df−3))/(2·4···(df−2)) cos^(df−2) θ)
+    for k in range(1, df // 2 + 1):
+        total, term = total + term, term * (2 * k - 1) / (2 * k) * cos2
+    return math.sin(theta) * total
+
+
+def t_critical(df, level=0.05):
+    """The two-sided critical value of Student's t: |t| above it is significant at `level` (4.303 for
+    df = 2, three paired seeds; 2.571 for df = 5, six)."""
+    low, high = 0.0, 1e4
+    for _ in range(100):  # bisection: t_within rises with t
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_within(mid, df) < 1 - level else (low, mid)
+    return (low + high) / 2
+
+
+def verdict(t, n):
+    """'<' (A's loss resolved below B's), '>' or 'unresolved': the paired t of A − B over n seeds against
+    the two-sided 5% critical value for n − 1 degrees of freedom."""
+    if n < 2 or math.isnan(t) or abs(t) <= t_critical(n - 1):
+        return 'unresolved'
+    return '<' if t < 0 else '>'
+
+
+def fmt_t(t, n):
+    """A t-statistic to one decimal, or two where one would round onto the critical value (−4.26 for
+    three seeds prints −4.26, not −4.3, which would read as 4.303)."""
+    if n < 2 or math.isnan(t):
+        return '–'
+    critical = t_critical(n - 1)
+    digits = 1 if round(abs(t), 1) != round(critical, 1) else 2
+    return f'{t:.{digits}f}'
+
+
 def mean_curve(curves):
     """Pointwise mean of validation curves [[step, loss], ...] over the steps all of them share."""
     steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
@@ -728,15 +800,16 @@ def loglinear_fit(points):
 # -----------------------------------------------------------------------------
 # reporting
 
-def load_groups(suite, scale, seeds, results_dir):
+def load_groups(suite, scale, seeds, results_dir, today=None):
     """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only
-    runs made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
+    runs made by code that trains as today's does count: a stale summary is not mixed into today's numbers
+    (today: as summary_state's)."""
     groups = {}
     for label, settings, baseline in suite_groups(suite, scale):
         group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
         for seed in group_seeds(suite, scale, label, seeds):
             path = results_dir / 'runs' / f"{run_name(scale, settings | {'seed': seed})}.json"
-            if summary_state(path, SCALES[scale] | settings | {'seed': seed}) == 'done':
+            if summary_state(path, SCALES[scale] | settings | {'seed': seed}, today) == 'done':
                 group['runs'].append(json.loads(path.read_text()))
                 group['seeds'].append(seed)
     return groups
@@ -751,7 +824,7 @@ def group_rows(groups):
     rows = []
     for label, group in groups.items():
         if not group['runs']:
-            rows.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
+            rows.append(f"| {label} | 0 | – | – | – | – | – | – | – | – |")
             continue
         losses = [r['final_val_loss'] for r in group['runs']]
         mean, std = mean_std(losses)
@@ -765,14 +838,17 @@ def group_rows(groups):
             cross = crossing_step(mean_curve([r['curve'] for r in group['runs']]), target)
         first = group['runs'][0]
         minutes = sum(r['seconds'] for r in group['runs']) / 60
+        said = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
         rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
                     f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
-                    f"{'–' if diff is None else fmt(diff[2], 1)} | "
+                    f"{'–' if diff is None else fmt_t(diff[2], len(paired))} | "
+                    f"{'–' if diff is None else said[verdict(diff[2], len(paired))]} | "
                     f"{'never' if cross is None else f'{cross:.0f}'} | "
                     f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
     return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
-            "step reaching the Transformer's final loss | parameters | KV bytes/token (16-bit) | minutes |",
-            "|---|---|---|---|---|---|---|---|---|"] + rows
+            "verdict (two-sided 5%) | step reaching the Transformer's final loss | parameters | "
+            "KV bytes/token (16-bit) | minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def optimizer_rows(groups):
@@ -1123,13 +1199,13 @@ def configs_naming(suite, scale):
                          for m in command.finditer(path.read_text())))
 
 
-def provenance(suite, scale, seeds, results_dir):
+def provenance(suite, scale, seeds, results_dir, today=None):
     """One line: how many runs the tables hold and which commits trained them, and how many summaries were
     made by code that trains differently (left out of the tables)."""
     commits, stale, total = {}, 0, 0
     for _, name, settings in suite_runs(suite, scale, seeds):
         path = results_dir / 'runs' / f'{name}.json'
-        state, total = summary_state(path, settings), total + 1
+        state, total = summary_state(path, settings, today), total + 1
         if state == 'done':
             made_by = json.loads(path.read_text()).get('commit', 'unknown')
             commits[made_by] = commits.get(made_by, 0) + 1
@@ -1187,22 +1263,26 @@ def analyse(suite, scale, seeds, runs_dir, out_dir):
               file=sys.stderr)
 
 
-def write_report(suite, scale, seeds, results_dir):
-    groups = load_groups(suite, scale, seeds, results_dir)
+def write_report(suite, scale, seeds, results_dir, today=None):
+    groups = load_groups(suite, scale, seeds, results_dir, today)
     out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = SCALES[scale]
+    runs = [SCALES[scale] | settings for _, settings, _ in suite_groups(suite, scale)]
+    shared = {k: v for k, v in runs[0].items() if k != 'variant' and all(r.get(k) == v for r in runs)}
     configs = ', '.join(f'[`config/{c}`](../../config/{c})' for c in configs_naming(suite, scale))
     lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
              f"Written by `python lab/reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
-             f"from the run summaries in `results/runs/`. Shared settings: "
-             + ', '.join(f'{k}={v}' for k, v in base.items())
-             + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
-             "same seed and settings; 'minutes' is wall time summed over the group's runs. What they show "
+             f"from the run summaries in `results/runs/`. Settings every group shares: "
+             + ', '.join(f'{k}={v}' for k, v in shared.items())
+             + f" (the rest as each label says). Seeds {', '.join(map(str, seeds))}; Δ and t pair each run "
+             "with the Transformer of the same seed and settings; the verdict is 'ahead' or 'behind' where "
+             "|t| is above the two-sided 5% critical value of Student's t for seeds − 1 degrees of freedom "
+             "(4.303 for 3 seeds, 2.571 for 6), else 'unresolved'; 'minutes' is wall time summed over the "
+             "group's runs. What they show "
              "against the paper: [results/README.md](../README.md). "
              + (f"Configs whose header names this suite as their CPU counterpart: {configs}."
                 if configs else "No config in `config/` names this suite."), '',
-             provenance(suite, scale, seeds, results_dir),
+             provenance(suite, scale, seeds, results_dir, today),
              ''] + group_rows(groups)
     lines += relative_rows(groups)
     lines += lambda_rows(groups)
@@ -1217,11 +1297,98 @@ def write_report(suite, scale, seeds, results_dir):
 
 
 # -----------------------------------------------------------------------------
+# verdicts: every claim the documents make about the runs, checked against them
+
+CLAIMED_IN = ('docs/experiments.md', 'results/README.md', 'README.md')
+# A claim is a code span naming a suite's results folder (results/<suite> or results/<suite>_<scale>),
+# groups of that suite (a label, or the start of exactly one label, up to a space) and the paired t of each
+# comparison: `lambdas: λ=2 < vanilla (t -7.7)` (λ = 2's loss resolved below the Transformer's),
+# `placement: layers 2-4 L8 < layers 4-8 L8 < layers 6-8 (Sparse) L8 (t -7.7, -4.5)` (a ranking: every
+# neighbouring pair resolved), `lambdas: λ=1 vs λ=2 unresolved (t 0.2)`. A side may be a difference of
+# groups, seed by seed, for an interaction: `lengths: svformer T=512 − vanilla T=512 vs svformer T=64 −
+# vanilla T=64 unresolved (t -2.4)`. verdict decides.
+CLAIM = re.compile(r'`(\w+): ([^`]+) \(t ([-−0-9., ]+)\)`')
+
+
+def claim_problem(folder, body, printed, seeds, results_dir, today, loaded):
+    """What is wrong with one claim against the run files, or None. loaded caches load_groups per suite."""
+    suites = {suite if scale == 'cpu' else f'{suite}_{scale}': (suite, scale)
+              for suite in SUITES for scale in SCALES}
+    if folder not in suites:
+        return f"{folder!r} is no suite's results folder (one of: {', '.join(SUITES)}, or <suite>_bpe)"
+    if folder not in loaded:
+        suite, scale = suites[folder]
+        loaded[folder] = load_groups(suite, scale, seeds, results_dir, today)
+    groups = loaded[folder]
+    if body.endswith(' unresolved') and ' vs ' in body:
+        names, relations = body.removesuffix(' unresolved').split(' vs '), ['unresolved']
+    else:
+        parts = re.split(r' ([<>]) ', body)
+        names, relations = parts[::2], parts[1::2]
+    if len(names) < 2 or len(relations) != len(names) - 1:
+        return "write `suite: A < B (t ...)`, `A > B`, `A < B < C (t ..., ...)` or `A vs B unresolved`"
+    sides = []  # per side: [(sign, label)]
+    for side in names:
+        terms = []
+        for k, name in enumerate(side.split(' − ')):
+            matches = [label for label in groups if label == name] or \
+                      [label for label in groups if label.startswith(name + ' ')]
+            if len(matches) != 1:
+                return (f"{name!r} names {len(matches)} groups of {folder}"
+                        + (f": {', '.join(matches)}" if matches else f" (its groups: {', '.join(groups)})"))
+            terms.append((1 if k == 0 else -1, matches[0]))
+        sides.append(terms)
+    values = printed.replace('−', '-').split(', ')
+    if len(values) != len(relations):
+        return f"{len(relations)} comparison(s) but {len(values)} t value(s)"
+    for a, b, relation, value in zip(sides, sides[1:], relations, values):
+        mean, t, n = paired_difference(groups, a, b)
+        a, b = (' − '.join(label for _, label in side) for side in (a, b))
+        decided = verdict(t, n)
+        if decided != relation:
+            return (f"{a} − {b}: {mean:+.4f}, t {fmt_t(t, n)} over {n} seeds is '{decided}', not "
+                    f"'{relation}' (two-sided 5%: |t| above {t_critical(max(n - 1, 1)):.3f})")
+        # t rounded to the printed digits, and to no fewer than fmt_t's (−4.26, never −4.3)
+        digits = len(value.partition('.')[2])
+        if value != f'{t:.{digits}f}' or digits < len(fmt_t(t, n).partition('.')[2]):
+            return f"{a} − {b}: t is {fmt_t(t, n)}, printed {value}"
+    return None
+
+
+def paired_difference(groups, a, b):
+    """(mean of A − B, paired t, seeds) over the seeds every group named has, where a side is
+    [(sign, label)]: a group's final loss, or a signed sum of them seed by seed."""
+    losses = {label: {s: r['final_val_loss'] for r, s in zip(groups[label]['runs'], groups[label]['seeds'])}
+              for _, label in a + b}
+    seeds = sorted(set.intersection(*(set(loss) for loss in losses.values())))
+    if not seeds:
+        return float('nan'), float('nan'), 0
+    a_loss, b_loss = ([sum(sign * losses[label][s] for sign, label in side) for s in seeds] for side in (a, b))
+    mean, _, t = paired_t(a_loss, b_loss)
+    return mean, t, len(seeds)
+
+
+def check_verdicts(paths, seeds, results_dir):
+    """Every claim in the files at paths against the run files (seeds as --seeds gives them):
+    (['file:line: claim: problem'], the number of claims read)."""
+    today, loaded, problems, count = stored_probes(results_dir), {}, [], 0
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            for match in CLAIM.finditer(line):
+                count += 1
+                problem = claim_problem(*match.groups(), seeds, results_dir, today, loaded)
+                if problem:
+                    where = path.relative_to(REPO) if Path(path).is_relative_to(REPO) else path
+                    problems.append(f"{where}:{number}: `{match[0][1:-1]}`: {problem}")
+    return problems, count
+
+
+# -----------------------------------------------------------------------------
 
 def main(argv=None):
     parser = cli.ArgumentParser(prog='lab/reproduce.py', description=__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
+    parser.add_argument('suite', nargs='?', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),
                         help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the "
                              "paper's 82M shape; bpe: the cpu shape on GPT-2 BPE Shakespeare "
@@ -1240,7 +1407,13 @@ def main(argv=None):
     parser.add_argument('--only', metavar='PATTERN', default='*',
                         help="train only the groups whose label matches PATTERN (fnmatch: 'vanilla*'); the "
                              "tables still show every finished group (default: %(default)s)")
-    parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
+    parser.add_argument('--report_only', action='store_true',
+                        help="write the tables from finished runs only, training nothing (not even the "
+                             "probes: a summary is stale where its probe differs from those of the other "
+                             "summaries of its probe run)")
+    parser.add_argument('--check_verdicts', action='store_true',
+                        help=f"check every claim of {', '.join(CLAIMED_IN)} (`suite: A < B (t ...)`) "
+                             "against the run files; exit 1 naming file:line where one says otherwise")
     parser.add_argument('--dry_run', action='store_true',
                         help='list the runs and the state of each: todo, done, stale or unreadable')
     parser.add_argument('--retrain', action='store_true',
@@ -1260,6 +1433,15 @@ def main(argv=None):
         raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
     if args.gpus < 0:
         raise SystemExit(f"reproduce.py: --gpus={args.gpus}; use 0 or more (0 or 1: --jobs runs at a time)")
+    seeds = [1337 + k for k in range(args.seeds)]
+    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
+    if args.check_verdicts:
+        problems, count = check_verdicts([REPO / f for f in CLAIMED_IN], seeds, results_dir)
+        print('\n'.join(problems) if problems else
+              f"{count} claims in {', '.join(CLAIMED_IN)}: each agrees with the run files")
+        raise SystemExit(1 if problems else 0)
+    if args.suite is None:
+        raise SystemExit("reproduce.py: name a suite (or all), or give --check_verdicts")
     if args.suite != 'all' and args.suite not in SUITES:
         raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; "
                          f"choose one of: all, {', '.join(SUITES)}")
@@ -1269,8 +1451,6 @@ def main(argv=None):
         raise SystemExit(f"reproduce.py: --only={args.only!r} matches no group of {args.suite} (its groups: "
                          + ', '.join(map(repr, labels[:8])) + (', ...' if len(labels) > 8 else '')
                          + "); --dry_run lists them all")
-    seeds = [1337 + k for k in range(args.seeds)]
-    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
     for name, path in (('results_dir', results_dir), ('runs_dir', runs_dir)):
         if path.exists() and not path.is_dir():
             raise SystemExit(f"reproduce.py: --{name}={path} is a file, not a folder; pick another --{name}")
@@ -1281,6 +1461,7 @@ def main(argv=None):
         runs = [run for suite in suites for run in suite_runs(suite, args.scale, seeds)]
         raise SystemExit(0 if check(args.check, runs, runs_dir, results_dir, env) else 1)
     failures = {}
+    today = stored_probes(results_dir) if args.report_only else None  # else probe, training today's
     for suite in suites:
         runs = [run for run in suite_runs(suite, args.scale, seeds) if fnmatch.fnmatchcase(run[0], args.only)]
         if args.dry_run:
@@ -1294,11 +1475,11 @@ def main(argv=None):
                                   args.train_curves)
         if stopping.is_set():
             raise SystemExit(143)
-        report = write_report(suite, args.scale, seeds, results_dir)
+        report = write_report(suite, args.scale, seeds, results_dir, today)
         print(f"wrote {report.relative_to(REPO) if report.is_relative_to(REPO) else report}")
         paths = {name: results_dir / 'runs' / f'{name}.json' for _, name, _ in suite_runs(suite, args.scale, seeds)}
         broken = [paths[name] for _, name, settings in suite_runs(suite, args.scale, seeds)
-                  if summary_state(paths[name], settings) == 'unreadable']
+                  if summary_state(paths[name], settings, today) == 'unreadable']
         if broken:  # one line: the report leaves them out
             print(f"reproduce.py: {broken[0]}" + (f" and {len(broken) - 1} more" if broken[1:] else '')
                   + " unreadable (cut short, or not a run summary), left out of the tables; `python "
