@@ -1118,75 +1118,115 @@ def plot(suite, groups, out_dir):
     return names
 
 
-def relative_series(groups):
-    """{label: [(step, mean, std)]}: each group's relative training loss (lab/relative_loss.py) against the
-    Transformer of the same seed and settings, over the seeds whose two runs both have a training curve."""
-    series = {}
+def relative_curves(groups):
+    """{label: [relative curve per seed]}: each group's relative training loss (lab/relative_loss.py)
+    against the Transformer of the same seed and settings, over the seeds whose two runs both have a
+    training curve."""
+    curves = {}
     for label, group in groups.items():
         base = groups[group['baseline']]
-        curves = {seed: run['train_curve'] for run, seed in zip(base['runs'], base['seeds'])
-                  if run.get('train_curve')}
-        rels = [relative_loss.relative(run['train_curve'], curves[seed])
-                for run, seed in zip(group['runs'], group['seeds']) if run.get('train_curve') and seed in curves]
-        if label == group['baseline'] or not rels:
-            continue
+        trained = {seed: run['train_curve'] for run, seed in zip(base['runs'], base['seeds'])
+                   if run.get('train_curve')}
+        rels = [relative_loss.relative(run['train_curve'], trained[seed])
+                for run, seed in zip(group['runs'], group['seeds']) if run.get('train_curve') and seed in trained]
+        if label != group['baseline'] and rels:
+            curves[label] = rels
+    return curves
+
+
+def relative_series(groups):
+    """{label: [(step, mean, std)]}: relative_curves' mean ± std over the seeds, at the steps all have."""
+    series = {}
+    for label, rels in relative_curves(groups).items():
         steps = sorted(set.intersection(*({s for s, _ in rel} for rel in rels)))
         at = [dict(map(tuple, rel)) for rel in rels]
         series[label] = [(s, *mean_std([a[s] for a in at])) for s in steps]
     return series
 
 
-def critical_point(points):
-    """(step, predicted) for a mean relative curve [(step, mean, std)]: the step where the Transformer
-    overtakes the method (ICLR Sec. 4.6's critical point), read where the curve crosses zero (predicted
-    False), else where a line through its last tenth would (True; step None if it never rises)."""
-    rel = [[s, m] for s, m, _ in points]
-    cross = relative_loss.crossing(rel)
-    return (cross, False) if cross is not None else (relative_loss.extrapolated_crossing(rel), True)
+def critical_point(rels):
+    """ICLR Sec. 4.6's critical point, the step where the Transformer overtakes the method, from the
+    seeds' relative curves: (the mean curve's crossing, each seed's), each relative_loss.crossing's (for
+    good, not a dip). A crossing is called only where the mean and every seed cross: else (None, ...)."""
+    steps = sorted(set.intersection(*({s for s, _ in rel} for rel in rels)))
+    at = [dict(map(tuple, rel)) for rel in rels]
+    mean = relative_loss.crossing([[s, sum(a[s] for a in at) / len(at)] for s in steps])
+    seeds = [relative_loss.crossing(rel) for rel in rels]
+    return (mean if mean is not None and None not in seeds else None), seeds
+
+
+def no_crossing(groups, label, seeds):
+    """'no crossing in N steps', N the run's length, naming the seeds that do cross on their own."""
+    steps = groups[label]['runs'][0]['train_curve'][-1][0]
+    crossed = [f'{s:,.0f}' for s in seeds if s is not None]
+    return f"no crossing in {steps:,} steps" + (
+        f" ({len(crossed)} of {len(seeds)} seeds cross: {', '.join(crossed)})" if crossed else '')
+
+
+def crossing_cell(groups, label, rels):
+    """A table cell: the critical point with its seeds' range, or no_crossing."""
+    mean, seeds = critical_point(rels)
+    if mean is None:
+        return no_crossing(groups, label, seeds)
+    return f"{mean:,.0f}" + (f" (seeds {min(seeds):,.0f}–{max(seeds):,.0f})" if len(seeds) > 1 else '')
 
 
 def relative_rows(groups):
-    """The paper's metric at the end: each group's relative training loss at its last logged step (mean ±
-    std over seeds), and the step where the Transformer overtakes it (ICLR Sec. 4.6's critical point), read
-    off the mean curve, or where a line through its last tenth would (after 'never')."""
-    rows = []
-    for label, points in relative_series(groups).items():
-        step, predicted = critical_point(points)
-        group, base = groups[label], groups[groups[label]['baseline']]
-        curved = {seed for run, seed in zip(base['runs'], base['seeds']) if run.get('train_curve')}
-        n = sum(bool(run.get('train_curve')) and seed in curved  # the seeds in the mean
-                for run, seed in zip(group['runs'], group['seeds']))
-        rows.append(f"| {label} | {n} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
-                    + (f"{step:.0f}" if not predicted else "never" + (f" (about {step:,.0f})"
-                                                                          if step else "")) + " |")
+    """The paper's metric at the end: each group's relative training loss over the last window (mean ±
+    std over seeds), and the step where the Transformer overtakes it for good (critical_point)."""
+    rows, series = [], relative_series(groups)
+    for label, rels in relative_curves(groups).items():
+        points = series[label]
+        rows.append(f"| {label} | {len(rels)} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
+                    f"{crossing_cell(groups, label, rels)} |")
     if not rows:
         return []
     return ['', "The paper's metric: each group's training loss minus the same-seed Transformer's, each "
-            "smoothed over 100 steps ([lab/relative_loss.py](../../lab/relative_loss.py); below zero is "
-            "ahead), at the last step, and the step where the Transformer overtakes it (the mean curve "
-            "crossing zero from below; 'never (about N)': a line through its last tenth would at step N):",
-            '', "| group | seeds | relative training loss (mean ± std) | Transformer overtakes at step |",
-            '|---|---|---|---|'] + rows
+            f"smoothed over {relative_loss.WINDOW} steps and placed at its window's first step, as the "
+            "official plot_relative_loss.py does ([lab/relative_loss.py](../../lab/relative_loss.py); below "
+            "zero is ahead): its last point (the mean over the last window), and the step where the "
+            "Transformer overtakes the group for good, called only where the mean curve and every seed's "
+            f"rise through zero and stay above it for {relative_loss.WINDOW} steps or more, with the seeds' "
+            "range:", '', "| group | seeds | relative training loss (mean ± std) | "
+            "Transformer overtakes at step |", '|---|---|---|---|'] + rows
 
 
 def critical_point_rows(groups):
     """ICLR Fig. 14 Right at the lengths suite's lengths: the step where the Transformer overtakes SVFormer
-    at each length (critical_point's reading, as relative_rows'),
-    and relative_loss.growth's exponential fit of that step against the length, as the paper draws it."""
-    points = []
-    for label, series in relative_series(groups).items():
-        if label.startswith('svformer T='):
-            step, predicted = critical_point(series)
-            if step:
-                points.append((int(label.split('=')[1]), step, 'about ' if predicted else ''))
-    if len(points) < 2:
+    at each length (critical_point), a line through each seed's last tenth where none crosses
+    (relative_loss.extrapolated_crossing; printed only with the seeds' range, and only where every seed's
+    line rises), and relative_loss.growth's exponential fit through the observed crossings, as the paper
+    draws it (never through extrapolated ones)."""
+    rows, observed = [], []
+    for label, rels in relative_curves(groups).items():
+        if not label.startswith('svformer T='):
+            continue
+        length = int(label.split('=')[1])
+        mean, seeds = critical_point(rels)
+        if mean is not None:
+            observed.append((length, mean))
+            rows.append(f"| {length} | {crossing_cell(groups, label, rels)} | – |")
+            continue
+        ahead = [relative_loss.extrapolated_crossing(rel) for rel in rels]
+        line = (f"{sum(ahead) / len(ahead):,.0f} (seeds {min(ahead):,.0f}–{max(ahead):,.0f})"
+                if len(ahead) > 1 and None not in ahead else
+                "none: " + ("one seed, no range" if len(ahead) == 1 else
+                            f"{ahead.count(None)} of {len(ahead)} seeds' lines do not rise"))
+        rows.append(f"| {length} | {no_crossing(groups, label, seeds)} | {line} |")
+    if not rows:
         return []
-    a, b = relative_loss.growth([(T, step) for T, step, _ in points])
-    return ['', "ICLR Fig. 14 Right at these lengths: the step where the Transformer overtakes SVFormer "
-            "(the table above; 'about': predicted past the last step), against the length T, and the "
-            f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):", '',
-            '| T | critical point | the fit |', '|---|---|---|'] + [
-            f"| {T} | {about}{step:,.0f} | {math.exp(a + b * T):,.0f} |" for T, step, about in points]
+    fit = []
+    if len(observed) >= 2:
+        a, b = relative_loss.growth(observed)
+        fit = ['', f"The least-squares fit through the observed crossings: step = exp({a:.3f} + {b:.6f} · T)."]
+    return ['', "ICLR Fig. 14 Right at these lengths: the step where the Transformer overtakes SVFormer for "
+            "good (as in the table above), against the length T; where it does not within the run, where a "
+            "least-squares line through each seed's last tenth of its relative curve would reach zero (the "
+            "mean of the seeds' steps and their range; a line through the cosine schedule's tail, so a "
+            "guess, not a measurement):", '',
+            '| T | critical point | each seed\'s line reaches zero at |', '|---|---|---|'] + rows + (
+            fit or ['', f"No exponential fit: {len(observed)} of {len(rows)} lengths cross within the run "
+                        "(the paper's fit needs two or more)."])
 
 
 def configs_naming(suite, scale):
