@@ -1383,7 +1383,8 @@ def claim_problem(folder, body, printed, seeds, results_dir, today, loaded):
         return f"{len(relations)} comparison(s) but {len(values)} t value(s)"
     for a, b, relation, value in zip(sides, sides[1:], relations, values):
         mean, t, n = paired_difference(groups, a, b)
-        a, b = (' − '.join(label for _, label in side) for side in (a, b))
+        a, b = (' − '.join(label for _, label in side).join('()' if len(side) > 1 else ('', ''))
+                for side in (a, b))
         decided = verdict(t, n)
         if decided != relation:
             return (f"{a} − {b}: {mean:+.4f}, t {fmt_t(t, n)} over {n} seeds is '{decided}', not "
