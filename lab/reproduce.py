@@ -7,6 +7,7 @@ installed).
     python lab/reproduce.py variants                  # run what is missing, then write results/variants/
     python lab/reproduce.py all                       # every suite, in the order of SUITES below
     python lab/reproduce.py scaling --report_only     # tables from the runs finished so far
+    python lab/reproduce.py --check_verdicts          # every claim in the docs against the runs
     python lab/reproduce.py lr --dry_run              # list the runs and whether each is done
     python lab/reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
     python lab/reproduce.py value_bank --scale=bpe    # GPT-2 BPE at a CPU shape: token tables cost parameters
@@ -18,7 +19,9 @@ condensed into results/runs/<name>.json, which marks the run as done and is all 
 named by their settings, so suites that share a run (the Transformer at the default shape, say) train it
 once. Each summary records the commit that trained it and a probe: the first losses of a 3-step run of the
 same variant at a tiny shape. A summary whose probe differs from today's code's was made by code that
-trains differently ("stale"): the reports say so, and --retrain retrains it.
+trains differently ("stale"): the reports say so, and --retrain retrains it. --report_only trains nothing,
+not even a probe: there a summary is stale where its probe differs from those most summaries of the same
+probe run recorded.
 """
 import argparse
 import fnmatch

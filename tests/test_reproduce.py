@@ -856,3 +856,20 @@ def test_every_claim_of_the_docs_agrees_with_the_runs_and_an_edited_one_does_not
     edited.write_text('\n'.join(docs))
     problems, _ = reproduce.check_verdicts([edited], [1337, 1338, 1339], REPO / 'results')
     assert problems and problems[0].startswith(f"{edited}:{line + 1}: ") and "not '>'" in problems[0]
+
+
+def test_report_only_trains_no_probe_and_reads_staleness_off_the_summaries(tmp_path, monkeypatch):
+    """--report_only compares each summary's probe with those the other summaries of the same probe run
+    recorded (the most common one wins) instead of training today's: one that differs is stale."""
+    monkeypatch.setattr(reproduce, 'probe', lambda settings: pytest.fail('--report_only trained a probe'))
+    runs = [run for run in reproduce.suite_runs('kv', 'cpu', [1337, 1338, 1339]) if run[0].startswith('vanilla')]
+    (tmp_path / 'runs').mkdir()
+    for k, (_, name, settings) in enumerate(runs):  # vanilla at T=128 and T=512: one probe run
+        made = summary(settings, 2.0, [[600, 2.0]], 10 ** 6) | ({'probe': [4.0, 3.9, 3.8, 3.6]} if k == 0 else {})
+        (tmp_path / 'runs' / f'{name}.json').write_text(json.dumps(made))
+    today = reproduce.stored_probes(tmp_path)
+    states = [reproduce.summary_state(tmp_path / 'runs' / f'{name}.json', s, today) for _, name, s in runs]
+    assert states == ['stale'] + ['done'] * 5
+    reproduce.main(['kv', f'--results_dir={tmp_path}', '--report_only'])
+    report = (tmp_path / 'kv' / 'README.md').read_text()
+    assert '5 of 30 runs are in the tables' in report and '**1 more were made by code that trains' in report
