@@ -610,6 +610,8 @@ def summarize(run_dir, settings, seconds):
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
             'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
             'lambdas': lambdas[-1] if lambdas else None,
+            # Dense-ResFormer's learned weights, layer by layer (on V_1 .. V_n), which no log line records
+            'dense_weights': dense_weights(checkpoint.get('model', {})),
             # SlimPajama's 7 domains scored one by one (val_loss is their unweighted mean); None: one corpus
             'final_val_loss_domains': next((r['val_loss_domains'] for r in reversed(records)
                                             if 'val_loss_domains' in r), None),
@@ -620,6 +622,13 @@ def summarize(run_dir, settings, seconds):
                                    r['grad_norms'].get('blocks.0.attn.c_proj.weight')]
                                   for r in records if 'grad_norms' in r],
             'seconds': seconds}
+
+
+def dense_weights(state_dict):
+    """[weights per layer that has them] of a Dense-ResFormer's state dict (blocks.{i}.attn.dense), in layer
+    order; None for every other variant."""
+    found = {int(k.split('.')[1]): v.tolist() for k, v in state_dict.items() if k.endswith('.attn.dense')}
+    return [found[i] for i in sorted(found)] or None
 
 
 def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False, train_curves=False):

@@ -873,3 +873,16 @@ def test_report_only_trains_no_probe_and_reads_staleness_off_the_summaries(tmp_p
     reproduce.main(['kv', f'--results_dir={tmp_path}', '--report_only'])
     report = (tmp_path / 'kv' / 'README.md').read_text()
     assert '5 of 30 runs are in the tables' in report and '**1 more were made by code that trains' in report
+
+
+def test_a_summary_records_dense_resformers_learned_weights():
+    """Dense-ResFormer's weights live only in its checkpoint: the summary keeps them, layer by layer (layer 2
+    weighs V1 and V2, layer 3 V1..V3, ...); other variants record None."""
+    shape = dict(n_layer=4, n_head=2, n_embd=32, vocab_size=128, block_size=32)
+    dense = build_model(AblationConfig(**shape, variant='resformer_identity', residual_from='dense'))
+    with torch.no_grad():
+        dense.blocks[3].attn.dense.copy_(torch.tensor([0.7, 0.05, -0.02, 0.6]))
+    weights = reproduce.dense_weights(dense.state_dict())
+    assert [len(w) for w in weights] == [2, 3, 4] and weights[0] == [0.5, 0.5]
+    assert weights[2] == pytest.approx([0.7, 0.05, -0.02, 0.6])
+    assert reproduce.dense_weights(build_model(AblationConfig(**shape)).state_dict()) is None
