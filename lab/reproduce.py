@@ -854,7 +854,7 @@ def group_rows(groups):
         rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
                     f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
                     f"{'–' if diff is None else fmt_t(diff[2], len(paired))} | "
-                    f"{'–' if diff is None else said[verdict(diff[2], len(paired))]} | "
+                    f"{'–' if diff is None or len(paired) < 2 else said[verdict(diff[2], len(paired))]} | "
                     f"{'never' if cross is None else f'{cross:.0f}'} | "
                     f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
     return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
