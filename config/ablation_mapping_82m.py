@@ -6,10 +6,13 @@
 #             (ours: the paper gives no mask); attention over 2T keys, so about twice attention's cost
 #   first     U_n = 0.5 A_1 V1 + 0.5 A_n V_n          layer 1's own attention output U_1 mixed in before W_O
 #   identity  U_n = A_n V_n + 1/(n-1) sum_{i<n} V_i   every earlier layer's values, without attention (Eqn. 6)
-# Paper: ICLR Sec. 4.3, Fig. 10 compares ResFormer with cross-layer attention and the identity mapping (no λ):
-# the identity mapping "causes significant perturbations, leading to poor performance", and ResFormer
-# "achieves an even lower final loss than ResFormer" [sic; cross-layer attention, presumably]. Curves only;
-# no size is given: 82M, ours. No source we could read has the mapping by layer 1's attention (first: ours).
+# Paper: ICLR Sec. 4.3, Fig. 10 compares ResFormer with cross-layer attention and the identity mapping (no λ).
+# We have only fragments of its two sentences, not the sentences whole: the identity mapping "causes
+# significant perturbations, leading to poor performance", and a mapping the fragment does not name
+# "achieves an even lower final loss than ResFormer". Read literally, another mapping (cross-layer attention,
+# presumably, which ResFormer approximates) ends below ResFormer; the CPU run finds the reverse
+# (docs/experiments.md). Curves only; no size is given: 82M, ours. No source we could read has the mapping by
+# layer 1's attention (first: ours).
 # Transformer 2.7389, ResFormer 2.7117 (ICLR A.6 Table 5). Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_mapping_82m.py --variant=vanilla --out_dir=out/sec4.4_vanilla
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_mapping_82m.py --variant=resformer_identity --out_dir=out/sec4.4_resformer_identity

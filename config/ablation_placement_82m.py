@@ -2,9 +2,11 @@
 # (sources: docs/experiments.md). The latest version's single-layer placements and widening (second-hand; its
 # table number is unknown to us): "applying the Value residual solely on layer 7 yields the best single-layer
 # performance; expanding it to layers 6-8 achieves the optimal overall effect, while benefits diminish when
-# extending from layer 5 onwards". The latest version's Table 10 (second-hand: we could not read it) crosses
-# sparse placement with λ and post-residual rescaling: "post-residual rescaling benefits shallow-sparse
-# variants more than deep-sparse variants". Its λ, grids, rescaling formula and numbers are not known: each run
+# extending from layer 5 onwards"; the summary also says "later-layer-only connections can degrade
+# performance". The latest version's Table 10 (second-hand: we could not read it) crosses sparse placement
+# with λ and post-residual rescaling: "post-residual rescaling benefits shallow-sparse variants more than
+# deep-sparse variants" ("shallow/deep" may mean the network's depth; we test placement in one 8-layer
+# network). Its λ, grids, rescaling formula and numbers are not known: each run
 # puts Sparse's λ = (5, 1) (the only published sparse weights, second-hand) on layer 7 alone, on layers 7-8,
 # 6-8 (= the Sparse variant), 5-8 or 4-8, or on the shallow layers 2-4, and (0, 1) on the rest; rescaling
 # (--value_rescale=True) divides the mixed values by λ1 + λ2, V'_n = (5 V1 + V_n) / 6 (our form), on layers

@@ -13,7 +13,9 @@
 # layers". Its forms are not written: ½ A_n (V_n + V_{n-1}) and a mean with equal weights (as Eqn. 5) are our
 # reading. The latest version (second-hand) adds V2 as the source: V1, not V2, helps, but "when the residual
 # connection from H_0 to H_1 is removed ... the skip connection from V_2 begins to provide a significant gain"
-# (which path is removed is not said: dropping the attention sublayer's add is our reading); and
+# (which path is removed is not said: dropping the attention sublayer's add is our reading), while the
+# summary's own sentence is "Connections from V2 provide little benefit when residuals begin from H0 or H1":
+# the runs test the first reading (a larger gain without H0) and can agree with the second; and
 # Dense-ResFormer, V_n = λ_{n,n} H_{n-1} W_V + sum_{i<n} λ_{n,i} V_i (whether its λ are learned, and from
 # what, is not said). No numbers are published for any of these runs. Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/ablation_source_82m.py --variant=vanilla --out_dir=out/sec4.4_vanilla

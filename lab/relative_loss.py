@@ -12,8 +12,8 @@ overtakes SVFormer, and how it grows with the sequence length.
 Each argument is a run folder (its log.jsonl) or a run summary (results/runs/*.json, written by
 lab/reproduce.py, whose suites draw these curves for every group, paired by seed). train.py logs the mean
 training loss of every log_interval steps, so a moving average over window / log_interval records is the
-moving average over window steps. The official plot puts each average at the first step of its window;
-here it sits at the last (what the run had seen by then), so curves read 100 steps later than theirs.
+moving average over window steps. As in the official plot, each average sits at the first step of its
+window: the last point of a 600-step run is at step 501, the mean over steps 501-600.
 """
 import argparse
 import json
@@ -66,11 +66,13 @@ def json_record(line):
 
 
 def smooth(curve, window=WINDOW):
-    """The moving average of a curve of interval means over `window` steps, each at its window's last
-    step: [[step, mean], ...]; the curve itself where its records are window steps apart or more."""
+    """The moving average of a curve of interval means over `window` steps, each at its window's first
+    step (the official plot's numpy.convolve(..., 'valid') against steps 1, 2, ...): [[step, mean], ...].
+    A record at step s is the mean of steps s - every + 1 ... s; where records are window steps apart or
+    more, each is its own window."""
     every = curve[1][0] - curve[0][0]
     k = max(1, round(window / every))
-    return [[curve[i][0], sum(loss for _, loss in curve[i - k + 1:i + 1]) / k]
+    return [[curve[i - k + 1][0] - every + 1, sum(loss for _, loss in curve[i - k + 1:i + 1]) / k]
             for i in range(k - 1, len(curve))]
 
 
@@ -80,15 +82,17 @@ def relative(method, baseline, window=WINDOW):
     return [[s, loss - base[s]] for s, loss in smooth(method, window) if s in base]
 
 
-def crossing(rel):
-    """The first step at which a relative curve that was below zero reaches zero from below (linearly
-    interpolated): where the baseline overtakes the method (ICLR Sec. 4.6's critical point); None if it
-    never does, or never was below."""
-    below = False
-    for (s0, r0), (s1, r1) in zip(rel, rel[1:]):
-        below = below or r0 < 0
-        if below and r0 < 0 <= r1:
-            return s0 + (0 - r0) / (r1 - r0) * (s1 - s0)
+def crossing(rel, hold=WINDOW):
+    """Where the baseline overtakes the method for good (ICLR Sec. 4.6's critical point): the step at which
+    a relative curve that was below zero reaches zero from below for the last time (linearly
+    interpolated), if it then stays at or above zero for `hold` steps or more, to its end. None otherwise:
+    noise that dips across zero and back is no crossing, nor is one too late to tell from noise."""
+    for (s0, r0), (s1, r1) in zip(reversed(rel[:-1]), reversed(rel)):
+        if r0 < 0 <= r1:  # the last upward crossing; everything after it is >= 0
+            step = s0 + (0 - r0) / (r1 - r0) * (s1 - s0)
+            return step if rel[-1][0] - step >= hold else None
+        if r1 < 0:  # below zero at or after this point: it does not end above
+            return None
     return None
 
 
@@ -159,11 +163,12 @@ def main(argv=None):
         if not rel:
             raise SystemExit(f"relative_loss.py: {path} and {args.baseline} share no logged steps past the "
                              f"first {args.window}; use runs of the same settings")
-        cross, ahead = crossing(rel), extrapolated_crossing(rel)
-        print(f"{path}: {rel[-1][1]:+.4f} at step {rel[-1][0]}; the baseline overtakes it "
-              + (f"at step {cross:.0f}" if cross is not None else
-                 f"never in these steps (a line through the last tenth reaches zero at step {ahead:.0f})"
-                 if ahead is not None else "never in these steps"))
+        cross = crossing(rel, args.window)
+        # no extrapolation: one pair has no spread to give it an interval (reproduce.py's suites do)
+        print(f"{path}: {rel[-1][1]:+.4f} at step {rel[-1][0]} (the mean over steps {rel[-1][0]}-"
+              f"{rel[-1][0] + args.window - 1}); "
+              + (f"the baseline overtakes it at step {cross:.0f} for good" if cross is not None else
+                 f"no crossing in {rel[-1][0] + args.window - 1} steps"))
         series[os.path.basename(os.path.normpath(path))] = [(s, r, 0.0) for s, r in rel]
     if args.out:
         try:

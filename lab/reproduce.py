@@ -7,6 +7,7 @@ installed).
     python lab/reproduce.py variants                  # run what is missing, then write results/variants/
     python lab/reproduce.py all                       # every suite, in the order of SUITES below
     python lab/reproduce.py scaling --report_only     # tables from the runs finished so far
+    python lab/reproduce.py --check_verdicts          # every claim in the docs against the runs
     python lab/reproduce.py lr --dry_run              # list the runs and whether each is done
     python lab/reproduce.py kv --scale=gpu --seeds=5  # a larger shape, for a GPU
     python lab/reproduce.py value_bank --scale=bpe    # GPT-2 BPE at a CPU shape: token tables cost parameters
@@ -18,7 +19,9 @@ condensed into results/runs/<name>.json, which marks the run as done and is all 
 named by their settings, so suites that share a run (the Transformer at the default shape, say) train it
 once. Each summary records the commit that trained it and a probe: the first losses of a 3-step run of the
 same variant at a tiny shape. A summary whose probe differs from today's code's was made by code that
-trains differently ("stale"): the reports say so, and --retrain retrains it.
+trains differently ("stale"): the reports say so, and --retrain retrains it. --report_only trains nothing,
+not even a probe: there a summary is stale where its probe differs from those most summaries of the same
+probe run recorded.
 """
 import argparse
 import fnmatch
@@ -474,15 +477,42 @@ def train(command, env, stdout):
 _probes = {}
 
 
-def probe(settings):
-    """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
-    # the flags that change what the variant computes (shapes and schedules aside): a change to one of them
-    # must show in the probe of every run that sets it
+def probe_settings(settings):
+    """The probe run of settings: PROBE's tiny shape with the flags that change what the variant computes
+    (shapes and schedules aside): a change to one of them must show in the probe of every run that sets it."""
     tiny = PROBE | {k: settings[k] for k in PROBED if k in settings}
     if 'lambdas' in settings or 'anchors' in settings:  # a λ table has a row per layer
         tiny['n_layer'] = settings['n_layer']
     if settings.get('n_kv_head') and settings['n_kv_head'] < settings['n_head']:
         tiny['n_kv_head'] = 1
+    return tiny
+
+
+def stored_probes(results_dir):
+    """A stand-in for probe that trains nothing (--report_only, --check_verdicts): the probe that most
+    summaries in results_dir/runs of the same probe run recorded. A summary whose probe differs from its
+    fellows' still reads as stale; a set retrained by other code all at once does not (--dry_run probes
+    today's code)."""
+    tallies = {}
+    for path in sorted((results_dir / 'runs').glob('*.json')):
+        try:
+            summary = json.loads(path.read_text())
+            key = json.dumps(probe_settings(summary['settings']), sort_keys=True)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # unreadable: summary_state says so
+        if summary.get('probe'):
+            tally = tallies.setdefault(key, {})
+            tally[json.dumps(summary['probe'])] = tally.get(json.dumps(summary['probe']), 0) + 1
+
+    def today(settings):
+        tally = tallies.get(json.dumps(probe_settings(settings), sort_keys=True))
+        return json.loads(max(tally, key=tally.get)) if tally else None
+    return today
+
+
+def probe(settings):
+    """The first losses (validation at step 0, training at steps 1-3) of a 3-step run of settings' variant."""
+    tiny = probe_settings(settings)
     key = json.dumps(tiny, sort_keys=True)
     if key not in _probes:
         with tempfile.TemporaryDirectory() as out_dir:
@@ -513,9 +543,10 @@ def commit():
     return head + ('-dirty' if dirty else '')
 
 
-def summary_state(path, settings):
+def summary_state(path, settings, today=None):
     """'todo' (no summary), 'unreadable' (cut short or not ours), 'stale' (made by code that trains
-    differently: its probe differs from today's, or it has none) or 'done'."""
+    differently: its probe differs from today's, or it has none) or 'done'. today: the probe of today's
+    code (default: probe, which trains it; stored_probes reads it off the summaries)."""
     if not path.exists():
         return 'todo'
     try:
@@ -523,8 +554,8 @@ def summary_state(path, settings):
         summary['final_val_loss'], summary['curve']
     except (OSError, ValueError, TypeError, KeyError):
         return 'unreadable'
-    old, new = summary.get('probe'), probe(settings)
-    if not old or len(old) != len(new) or max(abs(a - b) for a, b in zip(old, new)) > PROBE_TOLERANCE:
+    old, new = summary.get('probe'), (today or probe)(settings)
+    if not old or not new or len(old) != len(new) or max(abs(a - b) for a, b in zip(old, new)) > PROBE_TOLERANCE:
         return 'stale'
     return 'done'
 
@@ -603,6 +634,8 @@ def summarize(run_dir, settings, seconds):
             # bytes of K and V cached per token of context, in 16-bit precision (and a bank's token ids)
             'kv_bytes_per_token': model.kv_bytes_per_token(element_size=2),
             'lambdas': lambdas[-1] if lambdas else None,
+            # Dense-ResFormer's learned weights, layer by layer (on V_1 .. V_n), which no log line records
+            'dense_weights': dense_weights(checkpoint.get('model', {})),
             # SlimPajama's 7 domains scored one by one (val_loss is their unweighted mean); None: one corpus
             'final_val_loss_domains': next((r['val_loss_domains'] for r in reversed(records)
                                             if 'val_loss_domains' in r), None),
@@ -613,6 +646,13 @@ def summarize(run_dir, settings, seconds):
                                    r['grad_norms'].get('blocks.0.attn.c_proj.weight')]
                                   for r in records if 'grad_norms' in r],
             'seconds': seconds}
+
+
+def dense_weights(state_dict):
+    """[weights per layer that has them] of a Dense-ResFormer's state dict (blocks.{i}.attn.dense), in layer
+    order; None for every other variant."""
+    found = {int(k.split('.')[1]): v.tolist() for k, v in state_dict.items() if k.endswith('.attn.dense')}
+    return [found[i] for i in sorted(found)] or None
 
 
 def run_suite(runs, runs_dir, results_dir, gpus, jobs, retrain=False, train_curves=False):
@@ -711,6 +751,50 @@ def paired_t(xs, baselines):
     return mean, std, t
 
 
+def t_within(t, df):
+    """P(|T| <= t) for Student's t with df degrees of freedom (an integer): the finite series of
+    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df), exact and without scipy."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2:  # 2/π (θ + sin θ (cos θ + 2/3 cos³ θ + ... + (2·4···(df−3))/(1·3···(df−2)) cos^(df−2) θ))
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total, term = total + term, term * 2 * k / (2 * k + 1) * cos2
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    term, total = 1.0, 0.0  # sin θ (1 + 1/2 cos² θ + ... + (1·3···(df−3))/(2·4···(df−2)) cos^(df−2) θ)
+    for k in range(1, df // 2 + 1):
+        total, term = total + term, term * (2 * k - 1) / (2 * k) * cos2
+    return math.sin(theta) * total
+
+
+def t_critical(df, level=0.05):
+    """The two-sided critical value of Student's t: |t| above it is significant at `level` (4.303 for
+    df = 2, three paired seeds; 2.571 for df = 5, six)."""
+    low, high = 0.0, 1e4
+    for _ in range(100):  # bisection: t_within rises with t
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_within(mid, df) < 1 - level else (low, mid)
+    return (low + high) / 2
+
+
+def verdict(t, n):
+    """'<' (A's loss resolved below B's), '>' or 'unresolved': the paired t of A − B over n seeds against
+    the two-sided 5% critical value for n − 1 degrees of freedom."""
+    if n < 2 or math.isnan(t) or abs(t) <= t_critical(n - 1):
+        return 'unresolved'
+    return '<' if t < 0 else '>'
+
+
+def fmt_t(t, n):
+    """A t-statistic to one decimal, or two where one would round onto the critical value (−4.26 for
+    three seeds prints −4.26, not −4.3, which would read as 4.303)."""
+    if n < 2 or math.isnan(t):
+        return '–'
+    critical = t_critical(n - 1)
+    digits = 1 if round(abs(t), 1) != round(critical, 1) else 2
+    return f'{t:.{digits}f}'
+
+
 def mean_curve(curves):
     """Pointwise mean of validation curves [[step, loss], ...] over the steps all of them share."""
     steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
@@ -752,15 +836,16 @@ def loglinear_fit(points):
 # -----------------------------------------------------------------------------
 # reporting
 
-def load_groups(suite, scale, seeds, results_dir):
+def load_groups(suite, scale, seeds, results_dir, today=None):
     """{label: {'runs': [summary per finished seed], 'seeds': [...], 'baseline': label}} in suite order. Only
-    runs made by code that trains as today's does count: a stale summary is not mixed into today's numbers."""
+    runs made by code that trains as today's does count: a stale summary is not mixed into today's numbers
+    (today: as summary_state's)."""
     groups = {}
     for label, settings, baseline in suite_groups(suite, scale):
         group = groups.setdefault(label, {'runs': [], 'seeds': [], 'baseline': baseline})
         for seed in group_seeds(suite, scale, label, seeds):
             path = results_dir / 'runs' / f"{run_name(scale, settings | {'seed': seed})}.json"
-            if summary_state(path, SCALES[scale] | settings | {'seed': seed}) == 'done':
+            if summary_state(path, SCALES[scale] | settings | {'seed': seed}, today) == 'done':
                 group['runs'].append(json.loads(path.read_text()))
                 group['seeds'].append(seed)
     return groups
@@ -775,7 +860,7 @@ def group_rows(groups):
     rows = []
     for label, group in groups.items():
         if not group['runs']:
-            rows.append(f"| {label} | 0 | – | – | – | – | – | – | – |")
+            rows.append(f"| {label} | 0 | – | – | – | – | – | – | – | – |")
             continue
         losses = [r['final_val_loss'] for r in group['runs']]
         mean, std = mean_std(losses)
@@ -789,14 +874,17 @@ def group_rows(groups):
             cross = crossing_step(mean_curve([r['curve'] for r in group['runs']]), target)
         first = group['runs'][0]
         minutes = sum(r['seconds'] for r in group['runs']) / 60
+        said = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
         rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
                     f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
-                    f"{'–' if diff is None else fmt(diff[2], 1)} | "
+                    f"{'–' if diff is None else fmt_t(diff[2], len(paired))} | "
+                    f"{'–' if diff is None or len(paired) < 2 else said[verdict(diff[2], len(paired))]} | "
                     f"{'never' if cross is None else f'{cross:.0f}'} | "
                     f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
     return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
-            "step reaching the Transformer's final loss | parameters | KV bytes/token (16-bit) | minutes |",
-            "|---|---|---|---|---|---|---|---|---|"] + rows
+            "verdict (two-sided 5%) | step reaching the Transformer's final loss | parameters | "
+            "KV bytes/token (16-bit) | minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def optimizer_rows(groups):
@@ -1066,75 +1154,115 @@ def plot(suite, groups, out_dir):
     return names
 
 
-def relative_series(groups):
-    """{label: [(step, mean, std)]}: each group's relative training loss (lab/relative_loss.py) against the
-    Transformer of the same seed and settings, over the seeds whose two runs both have a training curve."""
-    series = {}
+def relative_curves(groups):
+    """{label: [relative curve per seed]}: each group's relative training loss (lab/relative_loss.py)
+    against the Transformer of the same seed and settings, over the seeds whose two runs both have a
+    training curve."""
+    curves = {}
     for label, group in groups.items():
         base = groups[group['baseline']]
-        curves = {seed: run['train_curve'] for run, seed in zip(base['runs'], base['seeds'])
-                  if run.get('train_curve')}
-        rels = [relative_loss.relative(run['train_curve'], curves[seed])
-                for run, seed in zip(group['runs'], group['seeds']) if run.get('train_curve') and seed in curves]
-        if label == group['baseline'] or not rels:
-            continue
+        trained = {seed: run['train_curve'] for run, seed in zip(base['runs'], base['seeds'])
+                   if run.get('train_curve')}
+        rels = [relative_loss.relative(run['train_curve'], trained[seed])
+                for run, seed in zip(group['runs'], group['seeds']) if run.get('train_curve') and seed in trained]
+        if label != group['baseline'] and rels:
+            curves[label] = rels
+    return curves
+
+
+def relative_series(groups):
+    """{label: [(step, mean, std)]}: relative_curves' mean ± std over the seeds, at the steps all have."""
+    series = {}
+    for label, rels in relative_curves(groups).items():
         steps = sorted(set.intersection(*({s for s, _ in rel} for rel in rels)))
         at = [dict(map(tuple, rel)) for rel in rels]
         series[label] = [(s, *mean_std([a[s] for a in at])) for s in steps]
     return series
 
 
-def critical_point(points):
-    """(step, predicted) for a mean relative curve [(step, mean, std)]: the step where the Transformer
-    overtakes the method (ICLR Sec. 4.6's critical point), read where the curve crosses zero (predicted
-    False), else where a line through its last tenth would (True; step None if it never rises)."""
-    rel = [[s, m] for s, m, _ in points]
-    cross = relative_loss.crossing(rel)
-    return (cross, False) if cross is not None else (relative_loss.extrapolated_crossing(rel), True)
+def critical_point(rels):
+    """ICLR Sec. 4.6's critical point, the step where the Transformer overtakes the method, from the
+    seeds' relative curves: (the mean curve's crossing, each seed's), each relative_loss.crossing's (for
+    good, not a dip). A crossing is called only where the mean and every seed cross: else (None, ...)."""
+    steps = sorted(set.intersection(*({s for s, _ in rel} for rel in rels)))
+    at = [dict(map(tuple, rel)) for rel in rels]
+    mean = relative_loss.crossing([[s, sum(a[s] for a in at) / len(at)] for s in steps])
+    seeds = [relative_loss.crossing(rel) for rel in rels]
+    return (mean if mean is not None and None not in seeds else None), seeds
+
+
+def no_crossing(groups, label, seeds):
+    """'no crossing in N steps', N the run's length, naming the seeds that do cross on their own."""
+    steps = groups[label]['runs'][0]['train_curve'][-1][0]
+    crossed = [f'{s:,.0f}' for s in seeds if s is not None]
+    return f"no crossing in {steps:,} steps" + (
+        f" ({len(crossed)} of {len(seeds)} seeds cross: {', '.join(crossed)})" if crossed else '')
+
+
+def crossing_cell(groups, label, rels):
+    """A table cell: the critical point with its seeds' range, or no_crossing."""
+    mean, seeds = critical_point(rels)
+    if mean is None:
+        return no_crossing(groups, label, seeds)
+    return f"{mean:,.0f}" + (f" (seeds {min(seeds):,.0f}–{max(seeds):,.0f})" if len(seeds) > 1 else '')
 
 
 def relative_rows(groups):
-    """The paper's metric at the end: each group's relative training loss at its last logged step (mean ±
-    std over seeds), and the step where the Transformer overtakes it (ICLR Sec. 4.6's critical point), read
-    off the mean curve, or where a line through its last tenth would (after 'never')."""
-    rows = []
-    for label, points in relative_series(groups).items():
-        step, predicted = critical_point(points)
-        group, base = groups[label], groups[groups[label]['baseline']]
-        curved = {seed for run, seed in zip(base['runs'], base['seeds']) if run.get('train_curve')}
-        n = sum(bool(run.get('train_curve')) and seed in curved  # the seeds in the mean
-                for run, seed in zip(group['runs'], group['seeds']))
-        rows.append(f"| {label} | {n} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
-                    + (f"{step:.0f}" if not predicted else "never" + (f" (about {step:,.0f})"
-                                                                          if step else "")) + " |")
+    """The paper's metric at the end: each group's relative training loss over the last window (mean ±
+    std over seeds), and the step where the Transformer overtakes it for good (critical_point)."""
+    rows, series = [], relative_series(groups)
+    for label, rels in relative_curves(groups).items():
+        points = series[label]
+        rows.append(f"| {label} | {len(rels)} | {points[-1][1]:+.4f} ± {points[-1][2]:.4f} at {points[-1][0]} | "
+                    f"{crossing_cell(groups, label, rels)} |")
     if not rows:
         return []
     return ['', "The paper's metric: each group's training loss minus the same-seed Transformer's, each "
-            "smoothed over 100 steps ([lab/relative_loss.py](../../lab/relative_loss.py); below zero is "
-            "ahead), at the last step, and the step where the Transformer overtakes it (the mean curve "
-            "crossing zero from below; 'never (about N)': a line through its last tenth would at step N):",
-            '', "| group | seeds | relative training loss (mean ± std) | Transformer overtakes at step |",
-            '|---|---|---|---|'] + rows
+            f"smoothed over {relative_loss.WINDOW} steps and placed at its window's first step, as the "
+            "official plot_relative_loss.py does ([lab/relative_loss.py](../../lab/relative_loss.py); below "
+            "zero is ahead): its last point (the mean over the last window), and the step where the "
+            "Transformer overtakes the group for good, called only where the mean curve and every seed's "
+            f"rise through zero and stay above it for {relative_loss.WINDOW} steps or more, with the seeds' "
+            "range:", '', "| group | seeds | relative training loss (mean ± std) | "
+            "Transformer overtakes at step |", '|---|---|---|---|'] + rows
 
 
 def critical_point_rows(groups):
     """ICLR Fig. 14 Right at the lengths suite's lengths: the step where the Transformer overtakes SVFormer
-    at each length (critical_point's reading, as relative_rows'),
-    and relative_loss.growth's exponential fit of that step against the length, as the paper draws it."""
-    points = []
-    for label, series in relative_series(groups).items():
-        if label.startswith('svformer T='):
-            step, predicted = critical_point(series)
-            if step:
-                points.append((int(label.split('=')[1]), step, 'about ' if predicted else ''))
-    if len(points) < 2:
+    at each length (critical_point), a line through each seed's last tenth where none crosses
+    (relative_loss.extrapolated_crossing; printed only with the seeds' range, and only where every seed's
+    line rises), and relative_loss.growth's exponential fit through the observed crossings, as the paper
+    draws it (never through extrapolated ones)."""
+    rows, observed = [], []
+    for label, rels in relative_curves(groups).items():
+        if not label.startswith('svformer T='):
+            continue
+        length = int(label.split('=')[1])
+        mean, seeds = critical_point(rels)
+        if mean is not None:
+            observed.append((length, mean))
+            rows.append(f"| {length} | {crossing_cell(groups, label, rels)} | – |")
+            continue
+        ahead = [relative_loss.extrapolated_crossing(rel) for rel in rels]
+        line = (f"{sum(ahead) / len(ahead):,.0f} (seeds {min(ahead):,.0f}–{max(ahead):,.0f})"
+                if len(ahead) > 1 and None not in ahead else
+                "none: " + ("one seed, no range" if len(ahead) == 1 else
+                            f"{ahead.count(None)} of {len(ahead)} seeds' lines do not rise"))
+        rows.append(f"| {length} | {no_crossing(groups, label, seeds)} | {line} |")
+    if not rows:
         return []
-    a, b = relative_loss.growth([(T, step) for T, step, _ in points])
-    return ['', "ICLR Fig. 14 Right at these lengths: the step where the Transformer overtakes SVFormer "
-            "(the table above; 'about': predicted past the last step), against the length T, and the "
-            f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):", '',
-            '| T | critical point | the fit |', '|---|---|---|'] + [
-            f"| {T} | {about}{step:,.0f} | {math.exp(a + b * T):,.0f} |" for T, step, about in points]
+    fit = []
+    if len(observed) >= 2:
+        a, b = relative_loss.growth(observed)
+        fit = ['', f"The least-squares fit through the observed crossings: step = exp({a:.3f} + {b:.6f} · T)."]
+    return ['', "ICLR Fig. 14 Right at these lengths: the step where the Transformer overtakes SVFormer for "
+            "good (as in the table above), against the length T; where it does not within the run, where a "
+            "least-squares line through each seed's last tenth of its relative curve would reach zero (the "
+            "mean of the seeds' steps and their range; a line through the cosine schedule's tail, so a "
+            "guess, not a measurement):", '',
+            '| T | critical point | each seed\'s line reaches zero at |', '|---|---|---|'] + rows + (
+            fit or ['', f"No exponential fit: {len(observed)} of {len(rows)} lengths cross within the run "
+                        "(the paper's fit needs two or more)."])
 
 
 def configs_naming(suite, scale):
@@ -1147,13 +1275,13 @@ def configs_naming(suite, scale):
                          for m in command.finditer(path.read_text())))
 
 
-def provenance(suite, scale, seeds, results_dir):
+def provenance(suite, scale, seeds, results_dir, today=None):
     """One line: how many runs the tables hold and which commits trained them, and how many summaries were
     made by code that trains differently (left out of the tables)."""
     commits, stale, total = {}, 0, 0
     for _, name, settings in suite_runs(suite, scale, seeds):
         path = results_dir / 'runs' / f'{name}.json'
-        state, total = summary_state(path, settings), total + 1
+        state, total = summary_state(path, settings, today), total + 1
         if state == 'done':
             made_by = json.loads(path.read_text()).get('commit', 'unknown')
             commits[made_by] = commits.get(made_by, 0) + 1
@@ -1211,22 +1339,26 @@ def analyse(suite, scale, seeds, runs_dir, out_dir):
               file=sys.stderr)
 
 
-def write_report(suite, scale, seeds, results_dir):
-    groups = load_groups(suite, scale, seeds, results_dir)
+def write_report(suite, scale, seeds, results_dir, today=None):
+    groups = load_groups(suite, scale, seeds, results_dir, today)
     out_dir = results_dir / (suite if scale == 'cpu' else f'{suite}_{scale}')
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = SCALES[scale]
+    runs = [SCALES[scale] | settings for _, settings, _ in suite_groups(suite, scale)]
+    shared = {k: v for k, v in runs[0].items() if k != 'variant' and all(r.get(k) == v for r in runs)}
     configs = ', '.join(f'[`config/{c}`](../../config/{c})' for c in configs_naming(suite, scale))
     lines = [f"# Suite `{suite}` (scale `{scale}`)", '',
              f"Written by `python lab/reproduce.py {suite}{'' if scale == 'cpu' else f' --scale={scale}'}` "
-             f"from the run summaries in `results/runs/`. Shared settings: "
-             + ', '.join(f'{k}={v}' for k, v in base.items())
-             + f". Seeds {', '.join(map(str, seeds))}; Δ and t pair each run with the Transformer of the "
-             "same seed and settings; 'minutes' is wall time summed over the group's runs. What they show "
+             f"from the run summaries in `results/runs/`. Settings every group shares: "
+             + ', '.join(f'{k}={v}' for k, v in shared.items())
+             + f" (the rest as each label says). Seeds {', '.join(map(str, seeds))}; Δ and t pair each run "
+             "with the Transformer of the same seed and settings; the verdict is 'ahead' or 'behind' where "
+             "|t| is above the two-sided 5% critical value of Student's t for seeds − 1 degrees of freedom "
+             "(4.303 for 3 seeds, 2.571 for 6), else 'unresolved'; 'minutes' is wall time summed over the "
+             "group's runs. What they show "
              "against the paper: [results/README.md](../README.md). "
              + (f"Configs whose header names this suite as their CPU counterpart: {configs}."
                 if configs else "No config in `config/` names this suite."), '',
-             provenance(suite, scale, seeds, results_dir),
+             provenance(suite, scale, seeds, results_dir, today),
              ''] + group_rows(groups)
     lines += relative_rows(groups)
     lines += lambda_rows(groups)
@@ -1241,11 +1373,99 @@ def write_report(suite, scale, seeds, results_dir):
 
 
 # -----------------------------------------------------------------------------
+# verdicts: every claim the documents make about the runs, checked against them
+
+CLAIMED_IN = ('docs/experiments.md', 'results/README.md', 'README.md')
+# A claim is a code span naming a suite's results folder (results/<suite> or results/<suite>_<scale>),
+# groups of that suite (a label, or the start of exactly one label, up to a space) and the paired t of each
+# comparison: `lambdas: λ=2 < vanilla (t -7.7)` (λ = 2's loss resolved below the Transformer's),
+# `placement: layers 2-4 L8 < layers 4-8 L8 < layers 6-8 (Sparse) L8 (t -7.7, -4.5)` (a ranking: every
+# neighbouring pair resolved), `lambdas: λ=1 vs λ=2 unresolved (t 0.2)`. A side may be a difference of
+# groups, seed by seed, for an interaction: `lengths: svformer T=512 − vanilla T=512 vs svformer T=64 −
+# vanilla T=64 unresolved (t -2.4)`. verdict decides.
+CLAIM = re.compile(r'`(\w+): ([^`]+) \(t ([-−0-9., ]+)\)`')
+
+
+def claim_problem(folder, body, printed, seeds, results_dir, today, loaded):
+    """What is wrong with one claim against the run files, or None. loaded caches load_groups per suite."""
+    suites = {suite if scale == 'cpu' else f'{suite}_{scale}': (suite, scale)
+              for suite in SUITES for scale in SCALES}
+    if folder not in suites:
+        return f"{folder!r} is no suite's results folder (one of: {', '.join(SUITES)}, or <suite>_bpe)"
+    if folder not in loaded:
+        suite, scale = suites[folder]
+        loaded[folder] = load_groups(suite, scale, seeds, results_dir, today)
+    groups = loaded[folder]
+    if body.endswith(' unresolved') and ' vs ' in body:
+        names, relations = body.removesuffix(' unresolved').split(' vs '), ['unresolved']
+    else:
+        parts = re.split(r' ([<>]) ', body)
+        names, relations = parts[::2], parts[1::2]
+    if len(names) < 2 or len(relations) != len(names) - 1:
+        return "write `suite: A < B (t ...)`, `A > B`, `A < B < C (t ..., ...)` or `A vs B unresolved`"
+    sides = []  # per side: [(sign, label)]
+    for side in names:
+        terms = []
+        for k, name in enumerate(side.split(' − ')):
+            matches = [label for label in groups if label == name] or \
+                      [label for label in groups if label.startswith(name + ' ')]
+            if len(matches) != 1:
+                return (f"{name!r} names {len(matches)} groups of {folder}"
+                        + (f": {', '.join(matches)}" if matches else f" (its groups: {', '.join(groups)})"))
+            terms.append((1 if k == 0 else -1, matches[0]))
+        sides.append(terms)
+    values = printed.replace('−', '-').split(', ')
+    if len(values) != len(relations):
+        return f"{len(relations)} comparison(s) but {len(values)} t value(s)"
+    for a, b, relation, value in zip(sides, sides[1:], relations, values):
+        mean, t, n = paired_difference(groups, a, b)
+        a, b = (' − '.join(label for _, label in side).join('()' if len(side) > 1 else ('', ''))
+                for side in (a, b))
+        decided = verdict(t, n)
+        if decided != relation:
+            return (f"{a} − {b}: {mean:+.4f}, t {fmt_t(t, n)} over {n} seeds is '{decided}', not "
+                    f"'{relation}' (two-sided 5%: |t| above {t_critical(max(n - 1, 1)):.3f})")
+        # t rounded to the printed digits, and to no fewer than fmt_t's (−4.26, never −4.3)
+        digits = len(value.partition('.')[2])
+        if value != f'{t:.{digits}f}' or digits < len(fmt_t(t, n).partition('.')[2]):
+            return f"{a} − {b}: t is {fmt_t(t, n)}, printed {value}"
+    return None
+
+
+def paired_difference(groups, a, b):
+    """(mean of A − B, paired t, seeds) over the seeds every group named has, where a side is
+    [(sign, label)]: a group's final loss, or a signed sum of them seed by seed."""
+    losses = {label: {s: r['final_val_loss'] for r, s in zip(groups[label]['runs'], groups[label]['seeds'])}
+              for _, label in a + b}
+    seeds = sorted(set.intersection(*(set(loss) for loss in losses.values())))
+    if not seeds:
+        return float('nan'), float('nan'), 0
+    a_loss, b_loss = ([sum(sign * losses[label][s] for sign, label in side) for s in seeds] for side in (a, b))
+    mean, _, t = paired_t(a_loss, b_loss)
+    return mean, t, len(seeds)
+
+
+def check_verdicts(paths, seeds, results_dir):
+    """Every claim in the files at paths against the run files (seeds as --seeds gives them):
+    (['file:line: claim: problem'], the number of claims read)."""
+    today, loaded, problems, count = stored_probes(results_dir), {}, [], 0
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            for match in CLAIM.finditer(line):
+                count += 1
+                problem = claim_problem(*match.groups(), seeds, results_dir, today, loaded)
+                if problem:
+                    where = path.relative_to(REPO) if Path(path).is_relative_to(REPO) else path
+                    problems.append(f"{where}:{number}: `{match[0][1:-1]}`: {problem}")
+    return problems, count
+
+
+# -----------------------------------------------------------------------------
 
 def main(argv=None):
     parser = cli.ArgumentParser(prog='lab/reproduce.py', description=__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('suite', help=f"all (in this order), or one of: {', '.join(SUITES)}")
+    parser.add_argument('suite', nargs='?', help=f"all (in this order), or one of: {', '.join(SUITES)}")
     parser.add_argument('--scale', default='cpu', choices=list(SCALES),
                         help="cpu: train.py's default shape, minutes a run on a laptop; gpu: near the "
                              "paper's 82M shape; bpe: the cpu shape on GPT-2 BPE Shakespeare "
@@ -1264,7 +1484,13 @@ def main(argv=None):
     parser.add_argument('--only', metavar='PATTERN', default='*',
                         help="train only the groups whose label matches PATTERN (fnmatch: 'vanilla*'); the "
                              "tables still show every finished group (default: %(default)s)")
-    parser.add_argument('--report_only', action='store_true', help='write the tables from finished runs only')
+    parser.add_argument('--report_only', action='store_true',
+                        help="write the tables from finished runs only, training nothing (not even the "
+                             "probes: a summary is stale where its probe differs from those of the other "
+                             "summaries of its probe run)")
+    parser.add_argument('--check_verdicts', action='store_true',
+                        help=f"check every claim of {', '.join(CLAIMED_IN)} (`suite: A < B (t ...)`) "
+                             "against the run files; exit 1 naming file:line where one says otherwise")
     parser.add_argument('--dry_run', action='store_true',
                         help='list the runs and the state of each: todo, done, stale or unreadable')
     parser.add_argument('--retrain', action='store_true',
@@ -1284,6 +1510,15 @@ def main(argv=None):
         raise SystemExit(f"reproduce.py: --seeds={args.seeds}; use at least 1 (3 or more for a t-statistic)")
     if args.gpus < 0:
         raise SystemExit(f"reproduce.py: --gpus={args.gpus}; use 0 or more (0 or 1: --jobs runs at a time)")
+    seeds = [1337 + k for k in range(args.seeds)]
+    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
+    if args.check_verdicts:
+        problems, count = check_verdicts([REPO / f for f in CLAIMED_IN], seeds, results_dir)
+        print('\n'.join(problems) if problems else
+              f"{count} claims in {', '.join(CLAIMED_IN)}: each agrees with the run files")
+        raise SystemExit(1 if problems else 0)
+    if args.suite is None:
+        raise SystemExit("reproduce.py: name a suite (or all), or give --check_verdicts")
     if args.suite != 'all' and args.suite not in SUITES:
         raise SystemExit(f"reproduce.py: unknown suite {args.suite!r}; "
                          f"choose one of: all, {', '.join(SUITES)}")
@@ -1293,8 +1528,6 @@ def main(argv=None):
         raise SystemExit(f"reproduce.py: --only={args.only!r} matches no group of {args.suite} (its groups: "
                          + ', '.join(map(repr, labels[:8])) + (', ...' if len(labels) > 8 else '')
                          + "); --dry_run lists them all")
-    seeds = [1337 + k for k in range(args.seeds)]
-    results_dir, runs_dir = REPO / args.results_dir, REPO / args.runs_dir  # relative to the repository
     for name, path in (('results_dir', results_dir), ('runs_dir', runs_dir)):
         if path.exists() and not path.is_dir():
             raise SystemExit(f"reproduce.py: --{name}={path} is a file, not a folder; pick another --{name}")
@@ -1305,6 +1538,7 @@ def main(argv=None):
         runs = [run for suite in suites for run in suite_runs(suite, args.scale, seeds)]
         raise SystemExit(0 if check(args.check, runs, runs_dir, results_dir, env) else 1)
     failures = {}
+    today = stored_probes(results_dir) if args.report_only else None  # else probe, training today's
     for suite in suites:
         runs = [run for run in suite_runs(suite, args.scale, seeds) if fnmatch.fnmatchcase(run[0], args.only)]
         if args.dry_run:
@@ -1318,11 +1552,11 @@ def main(argv=None):
                                   args.train_curves)
         if stopping.is_set():
             raise SystemExit(143)
-        report = write_report(suite, args.scale, seeds, results_dir)
+        report = write_report(suite, args.scale, seeds, results_dir, today)
         print(f"wrote {report.relative_to(REPO) if report.is_relative_to(REPO) else report}")
         paths = {name: results_dir / 'runs' / f'{name}.json' for _, name, _ in suite_runs(suite, args.scale, seeds)}
         broken = [paths[name] for _, name, settings in suite_runs(suite, args.scale, seeds)
-                  if summary_state(paths[name], settings) == 'unreadable']
+                  if summary_state(paths[name], settings, today) == 'unreadable']
         if broken:  # one line: the report leaves them out
             print(f"reproduce.py: {broken[0]}" + (f" and {len(broken) - 1} more" if broken[1:] else '')
                   + " unreadable (cut short, or not a run summary), left out of the tables; `python "

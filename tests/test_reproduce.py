@@ -85,7 +85,7 @@ def test_scaling_report_gives_the_savings_of_synthetic_runs(tmp_path):
     write_summaries(tmp_path, 'scaling', make)
     report = reproduce.write_report('scaling', 'cpu', [1337, 1338], tmp_path).read_text()
     row = next(line for line in report.splitlines() if line.startswith('| resformer_identity L2 d64 | 2 |'))
-    assert '| -0.2400 ± 0.0141 | -24.0 | 300 |' in row  # paired Δ, t, crossing step
+    assert '| -0.2400 ± 0.0141 | -24.0 | ahead | 300 |' in row  # paired Δ, t, verdict, crossing step
     savings = [line for line in report.splitlines()
                if line.startswith('| resformer_identity') and '%' in line]
     assert len(savings) == 4
@@ -626,34 +626,39 @@ def interval_means(losses, every=10):
 
 def test_smoothing_interval_means_is_the_moving_average_of_the_steps():
     """A 100-step moving average of 10-step interval means equals the 100-step average of the per-step
-    losses, at each window's last step; records 100 steps apart or more are the curve itself."""
+    losses, at each window's first step (the official plot's convention); records 100 steps apart or more
+    are each their own window."""
     generator = torch.Generator().manual_seed(0)
     losses = dict(enumerate((4 - torch.arange(600) / 300 + torch.rand(600, generator=generator)).tolist(),
                             start=1))
     smoothed = relative_loss.smooth(interval_means(losses))
-    assert [s for s, _ in smoothed] == list(range(100, 601, 10))
+    assert [s for s, _ in smoothed] == list(range(1, 502, 10))
     for step, mean in smoothed:
-        assert mean == pytest.approx(sum(losses[t] for t in range(step - 99, step + 1)) / 100, rel=1e-12)
+        assert mean == pytest.approx(sum(losses[t] for t in range(step, step + 100)) / 100, rel=1e-12)
     sparse = [[100, 3.0], [200, 2.5], [300, 2.0]]
-    assert relative_loss.smooth(sparse) == sparse and relative_loss.smooth(sparse, window=200) == \
-        [[200, 2.75], [300, 2.25]]
+    assert relative_loss.smooth(sparse) == [[1, 3.0], [101, 2.5], [201, 2.0]]
+    assert relative_loss.smooth(sparse, window=200) == [[1, 2.75], [101, 2.25]]
 
 
 def test_relative_loss_and_where_the_baseline_overtakes():
     """relative: the smoothed method minus the smoothed baseline at the steps both have (smoothing is
-    linear, so a method c(s) above the baseline gives c's moving average). crossing: the first step a curve
-    that was below zero reaches it (interpolated); extrapolated_crossing: where a line through the last
-    tenth would; growth: the exponential trend of critical points against length."""
+    linear, so a method c(s) above the baseline gives c's moving average, at its window's first step).
+    crossing: where a curve that was below zero rises through it for good, held for `hold` steps;
+    extrapolated_crossing: where a line through the last tenth would; growth: the exponential trend of
+    critical points against length."""
     base = [[s, 4 - s / 1000] for s in range(10, 601, 10)]
     method = [[s, loss + (s - 400) / 1000] for s, loss in base]
     rel = relative_loss.relative(method, base)
-    assert [s for s, _ in rel] == list(range(100, 601, 10))
-    assert all(r == pytest.approx((s - 45 - 400) / 1000, abs=1e-12) for s, r in rel)  # c(s - 45)
+    assert [s for s, _ in rel] == list(range(1, 502, 10))
+    assert all(r == pytest.approx((s + 54 - 400) / 1000, abs=1e-12) for s, r in rel)  # c(s + 54)
     assert relative_loss.relative(method, base[:30]) == rel[:21]  # the steps both have
-    assert relative_loss.crossing(rel) == pytest.approx(445)
-    assert relative_loss.crossing([[0, 0.1], [10, 0.2]]) is None  # never below
-    assert relative_loss.crossing([[0, -0.2], [10, -0.1]]) is None  # never reaches zero
-    assert relative_loss.crossing([[0, -0.2], [10, 0.2], [20, -0.1], [30, 0.1]]) == pytest.approx(5)
+    assert relative_loss.crossing(rel) == pytest.approx(346)
+    assert relative_loss.crossing(rel, hold=200) is None  # 346 is 155 steps before the end
+    assert relative_loss.crossing([[0, 0.1], [10, 0.2]], hold=0) is None  # never below
+    assert relative_loss.crossing([[0, -0.2], [10, -0.1]], hold=0) is None  # never reaches zero
+    dip = [[0, -0.2], [10, 0.2], [20, -0.1], [30, 0.1]]
+    assert relative_loss.crossing(dip, hold=0) == pytest.approx(25)  # the last rise, not the first
+    assert relative_loss.crossing(dip + [[40, -0.1]], hold=0) is None  # ends below: no crossing
     ahead = [[s, (s - 1000) / 1000] for s in range(100, 601, 10)]
     assert relative_loss.crossing(ahead) is None
     assert relative_loss.extrapolated_crossing(ahead) == pytest.approx(1000)
@@ -670,8 +675,8 @@ def run_summary(seed, curve):
 
 def test_relative_series_and_rows_of_synthetic_runs():
     """Each group against the same-seed Transformer, mean ± std over the seeds whose two runs both have a
-    training curve: Identity is (s - 445) / 1000 above at step s on seed 1 and 0.02 more on seed 2 (its mean
-    crosses zero at 435); SVFormer stays ahead, rising towards zero at step 1,045."""
+    training curve: Identity is (s - 346) / 1000 above at step s on seed 1 and 0.02 more on seed 2 (the
+    seeds cross zero at 346 and 326, their mean at 336); SVFormer stays ahead, rising towards zero."""
     steps = range(10, 601, 10)
     base = [[s, 4 - s / 1000] for s in steps]
 
@@ -690,11 +695,15 @@ def test_relative_series_and_rows_of_synthetic_runs():
     series = reproduce.relative_series(groups)
     assert list(series) == ['resformer_identity', 'svformer']
     step, mean, std = series['resformer_identity'][-1]
-    assert (step, mean, std) == (600, pytest.approx(0.165), pytest.approx(0.02 / math.sqrt(2)))
+    assert (step, mean, std) == (501, pytest.approx(0.165), pytest.approx(0.02 / math.sqrt(2)))
     rows = reproduce.relative_rows(groups)
     assert '| group | seeds | relative training loss (mean ± std) | Transformer overtakes at step |' in rows
-    assert '| resformer_identity | 2 | +0.1650 ± 0.0141 at 600 | 435 |' in rows  # the seeds in the mean
-    assert '| svformer | 1 | -0.4450 ± 0.0000 at 600 | never (about 1,045) |' in rows
+    # the seeds in the mean; the crossing with the seeds' range
+    assert '| resformer_identity | 2 | +0.1650 ± 0.0141 at 501 | 336 (seeds 326–346) |' in rows
+    assert '| svformer | 1 | -0.4450 ± 0.0000 at 501 | no crossing in 600 steps |' in rows
+    # one seed of two crossing is no crossing
+    groups['resformer_identity']['runs'][1]['train_curve'] = shifted(lambda s: (s - 1000) / 1000)
+    assert reproduce.relative_rows(groups)[-2].endswith('| no crossing in 600 steps (1 of 2 seeds cross: 346) |')
     assert reproduce.relative_rows({'vanilla': groups['vanilla'], 'no curves': groups['no curves']}) == []
 
 
@@ -710,7 +719,8 @@ def test_relative_loss_cli(tmp_path, capsys):
     method.write_text(json.dumps({'train_curve': [[s, 4 - s / 1000 + (s - 400) / 1000] for s in steps]}))
     relative_loss.main([str(base), str(method)])
     out = capsys.readouterr().out
-    assert f"{method}: +0.1550 at step 600; the baseline overtakes it at step 445" in out
+    assert (f"{method}: +0.1550 at step 501 (the mean over steps 501-600); the baseline overtakes it at step "
+            "346 for good") in out
     (tmp_path / 'empty').mkdir()
     (tmp_path / 'old.json').write_text(json.dumps({'final_val_loss': 2.0, 'curve': [[600, 2.0]]}))
     for args, line in (
@@ -772,20 +782,28 @@ def test_reproduce_mistakes_are_one_line(tmp_path, capsys):
 
 
 def test_the_lengths_report_fits_svformers_critical_point_against_length():
-    """ICLR Fig. 14 Right: SVFormer's critical point at each length (read where the curve crosses, predicted
-    where it has not yet) and the exponential fit through them; one length is no fit."""
+    """ICLR Fig. 14 Right: SVFormer's critical point at each length where every seed and the mean cross,
+    with the seeds' range; where none crosses, each seed's extrapolated line only with their range; the
+    exponential fit only through observed crossings."""
     steps = range(10, 601, 10)
     base = [[s, 4 - s / 1000] for s in steps]
-    groups = {f'vanilla T={T}': {'runs': [run_summary(1, base)], 'seeds': [1], 'baseline': f'vanilla T={T}'}
-              for T in (64, 128)}
-    for T, zero in ((64, 450), (128, 1000)):  # smoothed: T=64 crosses at 495; T=128 would at 1,045
-        groups[f'svformer T={T}'] = {'runs': [run_summary(1, [[s, loss + (s - zero) / 1000] for s, loss in base])],
-                                     'seeds': [1], 'baseline': f'vanilla T={T}'}
+    groups = {f'vanilla T={T}': {'runs': [run_summary(1, base), run_summary(2, base)], 'seeds': [1, 2],
+                                 'baseline': f'vanilla T={T}'} for T in (64, 128, 256)}
+    # smoothed, seed by seed: T=64 crosses at 396 and 376, T=256 at 366 and 346; T=128 would at 946, 1,146
+    for T, zeros in ((64, (450, 430)), (128, (1000, 1200)), (256, (420, 400))):
+        groups[f'svformer T={T}'] = {'runs': [run_summary(seed, [[s, loss + (s - zero) / 1000] for s, loss in base])
+                                              for seed, zero in zip((1, 2), zeros)],
+                                     'seeds': [1, 2], 'baseline': f'vanilla T={T}'}
     rows = reproduce.critical_point_rows(groups)
-    a, b = relative_loss.growth([(64, 495), (128, 1045)])
-    assert f"least-squares fit step = exp({a:.3f} + {b:.6f} · T):" in rows[1]
-    assert '| 64 | 495 | 495 |' in rows and '| 128 | about 1,045 | 1,045 |' in rows
-    assert reproduce.critical_point_rows({k: v for k, v in groups.items() if '128' not in k}) == []
+    assert '| 64 | 386 (seeds 376–396) | – |' in rows and '| 256 | 356 (seeds 346–366) | – |' in rows
+    assert '| 128 | no crossing in 600 steps | 1,046 (seeds 946–1,146) |' in rows
+    a, b = relative_loss.growth([(64, 386), (256, 356)])
+    assert rows[-1] == f"The least-squares fit through the observed crossings: step = exp({a:.3f} + {b:.6f} · T)."
+    one = reproduce.critical_point_rows({k: v for k, v in groups.items() if '256' not in k})
+    assert one[-1].startswith('No exponential fit: 1 of 2 lengths cross within the run')
+    groups['svformer T=128']['runs'][1]['train_curve'] = [[s, loss - 0.1 - s / 1000] for s, loss in base]
+    assert '| 128 | no crossing in 600 steps | none: 1 of 2 seeds\' lines do not rise |' in \
+        reproduce.critical_point_rows(groups)
 
 
 def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkeypatch):
@@ -798,3 +816,92 @@ def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkey
         code = reproduce.train([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ), out)
     assert code == -signal.SIGTERM and time.time() - started < 30
     assert not reproduce.children
+
+
+def test_the_critical_value_of_t_and_the_verdict_it_gives():
+    """Student's two-sided 5% critical values (the textbook table's, to its three decimals) from the exact
+    series; a verdict needs |t| above them; a t that would round onto the critical value prints two
+    decimals."""
+    for df, table in ((1, 12.706), (2, 4.303), (3, 3.182), (5, 2.571), (10, 2.228), (30, 2.042)):
+        assert reproduce.t_critical(df) == pytest.approx(table, abs=5e-4)
+    assert reproduce.t_within(0.0, 4) == 0.0 and reproduce.t_within(1e6, 3) == pytest.approx(1.0)
+    assert [reproduce.verdict(t, n) for t, n in ((-4.26, 3), (-4.31, 3), (2.6, 6), (2.5, 6), (9.0, 1))] == \
+        ['unresolved', '<', '>', 'unresolved', 'unresolved']
+    assert [reproduce.fmt_t(t, 3) for t in (-4.26, -6.24, 0.04)] == ['-4.26', '-6.2', '0.0']
+    assert reproduce.fmt_t(float('nan'), 3) == '–'
+
+
+def test_claims_are_checked_against_synthetic_runs(tmp_path):
+    """A claim names a suite's results folder, its groups and the printed t of each comparison; every way
+    it can disagree with the runs is one line naming file:line."""
+    deltas = {'vanilla': (0.0, 0.0, 0.0), 'share_v': (-0.05, -0.052, -0.049), 'share_k': (0.01, -0.01, 0.005),
+              'cla': (0.02, 0.023, 0.019), 'svformer': (-0.02, -0.021, -0.018)}
+    for label, name, settings in reproduce.suite_runs('share_kv', 'cpu', [1337, 1338, 1339]):
+        loss = 2.0 + (settings['seed'] - 1337) / 10 + deltas[label][settings['seed'] - 1337]
+        path = tmp_path / 'runs' / f'{name}.json'
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(summary(settings, loss, [[600, loss]], 10 ** 6)))
+    claims = tmp_path / 'claims.md'
+    claims.write_text('\n'.join([
+        "Fine: `share_kv: share_v < vanilla (t −57.1)`, `share_kv: share_k vs vanilla unresolved (t 0.3)`.",
+        "A ranking: `share_kv: share_v < svformer < vanilla < cla (t −92.0, −22.3, −17.2)`; an interaction:",
+        "`share_kv: cla − vanilla < vanilla − share_v (t -89.0)`; `lr` is no claim.",
+        "Wrong: `share_kv: share_k < vanilla (t 0.3)`, `share_kv: share_v vs vanilla unresolved (t −57.1)`,",
+        "`share_kv: share_v < vanilla (t −57)`, `share_kv: share vs vanilla unresolved (t 0.3)`,",
+        "`nothing: a < b (t 1.0)`, `share_kv: share_v < vanilla (t −57.1, 1.0)`."]))
+    problems, count = reproduce.check_verdicts([claims], [1337, 1338, 1339], tmp_path)
+    assert count == 10
+    assert [p.split(': `')[0] for p in problems] == [f'{claims}:4'] * 2 + [f'{claims}:5'] * 2 + [f'{claims}:6'] * 2
+    assert problems[0].endswith("share_k − vanilla: +0.0017, t 0.3 over 3 seeds is 'unresolved', not '<' "
+                                "(two-sided 5%: |t| above 4.303)")
+    assert problems[2].endswith("share_v − vanilla: t is -57.1, printed -57")
+    assert "'share' names 0 groups of share_kv (its groups: vanilla, share_k, share_v, cla, svformer)" in problems[3]
+    assert "'nothing' is no suite's results folder" in problems[4]
+    assert problems[5].endswith("1 comparison(s) but 2 t value(s)")
+
+
+def test_every_claim_of_the_docs_agrees_with_the_runs_and_an_edited_one_does_not(tmp_path):
+    """`reproduce.py --check_verdicts` passes on the committed docs and runs; the same docs with one
+    verdict turned against the data fail, naming the line."""
+    result = subprocess.run([sys.executable, 'lab/reproduce.py', '--check_verdicts'], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(result.stdout.split()[0]) >= 40  # claims read: the check is not vacuous
+    docs = (REPO / 'docs' / 'experiments.md').read_text().splitlines()
+    line = next(k for k, text in enumerate(docs) if reproduce.CLAIM.search(text) and ' < ' in text)
+    claim = reproduce.CLAIM.search(docs[line])[0]
+    docs[line] = docs[line].replace(claim, claim.replace(' < ', ' > ', 1))
+    edited = tmp_path / 'experiments.md'
+    edited.write_text('\n'.join(docs))
+    problems, _ = reproduce.check_verdicts([edited], [1337, 1338, 1339], REPO / 'results')
+    assert problems and problems[0].startswith(f"{edited}:{line + 1}: ") and "not '>'" in problems[0]
+
+
+def test_report_only_trains_no_probe_and_reads_staleness_off_the_summaries(tmp_path, monkeypatch):
+    """--report_only compares each summary's probe with those the other summaries of the same probe run
+    recorded (the most common one wins) instead of training today's: one that differs is stale."""
+    monkeypatch.setattr(reproduce, 'probe', lambda settings: pytest.fail('--report_only trained a probe'))
+    runs = [run for run in reproduce.suite_runs('kv', 'cpu', [1337, 1338, 1339]) if run[0].startswith('vanilla')]
+    (tmp_path / 'runs').mkdir()
+    for k, (_, name, settings) in enumerate(runs):  # vanilla at T=128 and T=512: one probe run
+        made = summary(settings, 2.0, [[600, 2.0]], 10 ** 6) | ({'probe': [4.0, 3.9, 3.8, 3.6]} if k == 0 else {})
+        (tmp_path / 'runs' / f'{name}.json').write_text(json.dumps(made))
+    today = reproduce.stored_probes(tmp_path)
+    states = [reproduce.summary_state(tmp_path / 'runs' / f'{name}.json', s, today) for _, name, s in runs]
+    assert states == ['stale'] + ['done'] * 5
+    reproduce.main(['kv', f'--results_dir={tmp_path}', '--report_only'])
+    report = (tmp_path / 'kv' / 'README.md').read_text()
+    assert '5 of 30 runs are in the tables' in report and '**1 more were made by code that trains' in report
+
+
+def test_a_summary_records_dense_resformers_learned_weights():
+    """Dense-ResFormer's weights live only in its checkpoint: the summary keeps them, layer by layer (layer 2
+    weighs V1 and V2, layer 3 V1..V3, ...); other variants record None."""
+    shape = dict(n_layer=4, n_head=2, n_embd=32, vocab_size=128, block_size=32)
+    dense = build_model(AblationConfig(**shape, variant='resformer_identity', residual_from='dense'))
+    with torch.no_grad():
+        dense.blocks[3].attn.dense.copy_(torch.tensor([0.7, 0.05, -0.02, 0.6]))
+    weights = reproduce.dense_weights(dense.state_dict())
+    assert [len(w) for w in weights] == [2, 3, 4] and weights[0] == [0.5, 0.5]
+    assert weights[2] == pytest.approx([0.7, 0.05, -0.02, 0.6])
+    assert reproduce.dense_weights(build_model(AblationConfig(**shape)).state_dict()) is None
