@@ -371,7 +371,7 @@ def test_model_py_holds_the_paper_fields_and_ablations_py_the_rest():
     extra = {f.name for f in dataclasses.fields(AblationConfig)} - paper
     assert extra == {'residual_from', 'residual_type', 'value_mapping', 'value_rescale', 'anchors',
                      'h0_residual', 'neutreno_lambda', 'denseformer', 'share_kv', 'backbone', 'value_embeds',
-                     'value_bank'}
+                     'value_bank', 'hyper_connections', 'hc_rate', 'hc_dynamic', 'muddformer'}
     assert ablations(tiny_config(variant='svformer')) == []
     assert ablations(tiny_config(variant='cla')) == ['share_kv']
     assert set(ablations(tiny_config(variant='shared_key', backbone='gpt2'))) == {'residual_type', 'backbone'}
