@@ -34,7 +34,8 @@ BASELINES = {
     'shared_key': dict(value_residual=True, residual_type='key'),
 }
 # The value residual's successors, from outside the paper (their code at the end of this file):
-# SATFormer and our static-gate control of it, Attention Residuals and Block AttnRes.
+# SATFormer and our static-gate control of it, Attention Residuals and Block AttnRes; those that
+# rebuild the residual stream (Hyper-Connections, mHC, MUDDFormer) are CONNECTIONS, below them.
 SUCCESSORS = {
     'satformer': dict(value_gate='relu'),
     'gated_resformer': dict(value_gate='relu', value_gate_static=True),
@@ -94,6 +95,19 @@ class AblationConfig(GPTConfig):
     embedding and the sublayers' outputs ('full') or of block sums ('block'); 'none': off."""
     attn_res_block: int = 0
     """Block AttnRes: Transformer layers per block; 0: n_layer // 8 (about 8 blocks), at least 1."""
+    # --- successors that change the residual stream (CONNECTIONS, at the end of this file)
+    hyper_connections: str = 'none'
+    """'hc': Hyper-Connections (Zhu et al., ICLR 2025), hc_rate residual streams mixed by learned
+    width and depth connections; 'mhc': mHC (Xie et al., arXiv 2512.24880), their mixing doubly
+    stochastic (Sinkhorn); 'none'."""
+    hc_rate: int = 4
+    """Hyper-connections' expansion rate n: how many residual streams (both papers' 4)."""
+    hc_dynamic: bool = True
+    """Hyper-connections: dynamic (DHC: the connections depend on each token's streams), or
+    static."""
+    muddformer: bool = False
+    """MUDDFormer (Xiao et al., ICML 2025): each layer's Q, K, V and residual inputs are per-token
+    learned mixes of the embedding and every earlier block's output."""
 
     def __post_init__(self):
         gpt2_width = self.ffn_hidden is None and self.backbone == 'gpt2'
@@ -119,12 +133,13 @@ class AblationConfig(GPTConfig):
             rows = ((0.0, 1.0),) + ((1.0, 0.0),) * (self.n_layer - 1)
         if rows and self.anchors:
             rows = tuple((0.0, 1.0) if n in self.anchors else row for n, row in enumerate(rows, start=1))
-        presets = VARIANTS | BASELINES | SUCCESSORS
+        presets = VARIANTS | BASELINES | SUCCESSORS | CONNECTIONS
         if self.value_gate != 'none' and 'value_gate' in presets[self.variant]:  # another gate
             presets[self.variant] = presets[self.variant] | dict(value_gate=self.value_gate)
         super().apply_variant(presets, rows)
 
     def check(self):
+        check_connections(self)
         for name, choices in CHOICES.items():
             need(getattr(self, name) in choices, f"{name}={getattr(self, name)!r}; use one of "
                                                  f"{', '.join(map(repr, choices))}")
@@ -309,12 +324,13 @@ class AblationAttention(CausalSelfAttention):
             self.bank.weight.copy_(x0 @ w_v.T)
 
     def forward(self, x, rope, lambda_n, carry, kv_cache):
-        """CausalSelfAttention.forward's steps, each with the ablations that change it. Returns
-        (output (B, T, C), this layer's Heads)."""
+        """CausalSelfAttention.forward's steps, each with the ablations that change it. x: the
+        input, or one each for Q, K and V (MUDDFormer). Returns (output (B, T, C), its Heads)."""
+        x_q, x_k, x_v = x if isinstance(x, tuple) else (x, x, x)
         source = self.source(carry)
-        q = self.queries(x, rope, lambda_n, source)
-        k = self.keys(x, rope, lambda_n, source, carry, kv_cache)
-        v, fresh = self.values(x, lambda_n, source, carry, kv_cache)
+        q = self.queries(x_q, rope, lambda_n, source)
+        k = self.keys(x_k, rope, lambda_n, source, carry, kv_cache)
+        v, fresh = self.values(x_v, lambda_n, source, carry, kv_cache)
         y, probs = self.attend(q, k, v, lambda_n, source, carry)
         return self.project_out(y), Heads(q, k, v, probs, y, fresh)
 
@@ -484,7 +500,7 @@ class AblationGPT(GPT):
     lab/analyze.py reads. With none of them set it computes what GPT does, bit for bit."""
 
     def __init__(self, config):
-        super().__init__(config, block=AttnResBlock if config.attn_res != 'none' else AblationBlock)
+        super().__init__(config, block=block_type(config))
         L = config.n_layer
         # DenseFormer's α: block n's output weights X_0 .. X_n, started at the identity
         self.dwa = nn.ParameterList(nn.Parameter(F.one_hot(torch.tensor(n), n + 1).float())
@@ -727,3 +743,208 @@ class AttnResBlock(AblationBlock):
         h = self.attn_res_mlp(depth)
         depth.add(self.mlp(self.norm_mlp(h)))
         return (h if self.attn_res_out is None else self.attn_res_out(depth)), heads
+
+
+# --- Successors that change the residual stream: Hyper-Connections, mHC and MUDDFormer. Each
+# changes only what a block reads from the stream and how its output is added back, token by token:
+# a layer computes and caches its keys and values as before, so the KV cache, kv_bytes_per_token and
+# generation are the Transformer's.
+CONNECTIONS = {'hyper_connections': dict(hyper_connections='hc'),
+               'mhc': dict(hyper_connections='mhc'), 'muddformer': dict(muddformer=True)}
+
+
+def check_connections(config):
+    """CONNECTIONS' settings and what they cannot go with, each a one-line ValueError."""
+    kind, rate = config.hyper_connections, config.hc_rate
+    need(kind in ('none', 'hc', 'mhc'), f"hyper_connections={kind!r}; use 'none', 'hc' or 'mhc'")
+    need(isinstance(rate, int) and not isinstance(rate, bool) and rate >= 1,
+         f"hc_rate={rate!r} must be a positive int (the papers use 4)")
+    need(kind != 'none' or (rate, config.hc_dynamic) == (4, True),
+         "hc_rate and hc_dynamic set the hyper-connections: set hyper_connections='hc' or 'mhc'")
+    need(kind != 'mhc' or rate >= 2 and config.hc_dynamic,
+         "mHC mixes 2 or more streams with dynamic mappings (its Eqn. 7): use hc_rate >= 2 and "
+         "hc_dynamic=True, or hyper_connections='hc'")
+    changed = [name for name, on in (('hyper_connections', kind != 'none'),
+                                     ('muddformer', config.muddformer),
+                                     ('denseformer', config.denseformer)) if on]
+    need(len(changed) < 2, f"{' and '.join(changed)} each rebuild the residual stream: pick one")
+    need(changed in ([], ['denseformer']) or config.h0_residual and not (
+        config.value_residual and config.residual_type == 'hidden'),
+         f"{changed[0] if changed else ''} rebuilds the residual stream that h0_residual=False "
+         "and residual_type='hidden' change: drop them")
+
+
+def block_type(config):
+    """The class of config's blocks: AblationBlock, or one that also rebuilds the stream."""
+    if config.attn_res != 'none':
+        return AttnResBlock
+    if config.hyper_connections != 'none':
+        return HyperBlock
+    return MuddBlock if config.muddformer else AblationBlock
+
+
+class HyperConnection(nn.Module):
+    """Hyper-Connections (Zhu et al., ICLR 2025, arXiv 2409.19606: Sec. 2 and the pseudocode of
+    Appendix J) around one layer T, an attention or an MLP, on n = hc_rate residual streams H
+    (B, T, n, C): T reads h_0 = A_m^T H, and the streams become A_r^T H + B^T T(h_0).
+
+        static (SHC): A_m (n, 1), A_r (n, n), B (1, n) learned, started at A_m = e_{k mod n} for
+            the k-th of the 2L layers, A_r = I, B = 1: every stream is the plain residual stream;
+        dynamic (DHC): A = A_static + s_α tanh(norm(H) W_α), B = B_static + s_β tanh(norm(H) W_β)
+            per token and stream, W_α (C, n + 1) and W_β (C, 1) started at 0, s_α = s_β = 0.01
+            (learned): at init the static connections.
+
+    Ours, where the paper leaves it open: norm is RMSNorm with a gain (this backbone's norm); the
+    static weights and the scales s are never weight-decayed (1-D, as λ and DenseFormer's α), W_α
+    and W_β are, as any matrix. T keeps its own pre-norm, as in the paper. Parameters a layer:
+    n² + 2n static, C (n + 3) + 2 more dynamic. Training FLOPs a token a layer (6 a multiply-add):
+    6 n C (n + 2) for the mixing, and as much again for DHC's projections."""
+
+    def __init__(self, config, k):
+        super().__init__()
+        n, C = config.hc_rate, config.n_embd
+        # rows: the n streams read; columns: A_m (the layer's input), then A_r (the new streams)
+        alpha = torch.cat([F.one_hot(torch.tensor([k % n]), n).float().T, torch.eye(n)], dim=1)
+        self.static_alpha = nn.Parameter(alpha.flatten())
+        self.static_beta = nn.Parameter(torch.ones(n))
+        self.dynamic = config.hc_dynamic
+        if self.dynamic:
+            self.norm = nn.RMSNorm(C, eps=config.norm_eps)
+            self.w_alpha_beta = nn.Parameter(torch.zeros(C, n + 2))  # W_α, then W_β
+            self.scales = nn.Parameter(torch.full((2,), 0.01))      # s_α, s_β
+
+    def forward(self, H):
+        """(the layer's input h_0 (B, T, C), the streams' skip A_r^T H (B, T, n, C), B: each
+        stream's weight on the layer's output, (n,) or per token (B, T, n))."""
+        n = H.size(2)
+        alpha, beta = self.static_alpha.view(n, n + 1), self.static_beta
+        if self.dynamic:
+            w = torch.tanh(self.norm(H) @ self.w_alpha_beta)                 # (B, T, n, n + 2)
+            alpha = alpha + self.scales[0] * w[..., :n + 1]
+            beta = beta + self.scales[1] * w[..., n + 1]
+        mixed = alpha.transpose(-2, -1) @ H                                   # (B, T, n + 1, C)
+        return mixed[:, :, 0], mixed[:, :, 1:], beta
+
+
+def sinkhorn(logits, iterations=20):
+    """exp(logits) (..., n, n) made doubly stochastic by Sinkhorn-Knopp: rows, then columns, scaled
+    to sum to 1, `iterations` times (mHC's t_max = 20). The max is taken out first (it cancels)."""
+    m = (logits - logits.amax(dim=(-2, -1), keepdim=True)).exp()
+    for _ in range(iterations):
+        m = m / m.sum(dim=-1, keepdim=True)
+        m = m / m.sum(dim=-2, keepdim=True)
+    return m
+
+
+class ManifoldHyperConnection(nn.Module):
+    """mHC (Xie et al., DeepSeek-AI, arXiv 2512.24880, Sec. 4, Eqns. 7-9) around one layer F, on n
+    streams x (B, T, n, C): F reads H_pre x, and the streams become H_res x + H_post^T F(H_pre x),
+
+        x' = RMSNorm(vec(x)) (1, nC), without a gain (the paper folds it into φ),
+        H_pre = σ(α_pre x' φ_pre + b_pre), H_post = 2 σ(α_post x' φ_post + b_post) (1, n),
+        H_res = Sinkhorn-Knopp(α_res mat(x' φ_res) + b_res) (n, n): doubly stochastic, so the
+        mixing keeps the streams' mean, and its products over depth stay bounded (the identity).
+
+    From the paper: dynamic mappings, n = 4, t_max = 20, the gates α started at 0.01. Ours, where we
+    read no value: φ (nC, n² + 2n) drawn as our other matrices, N(0, 0.02²), and weight-decayed;
+    b_pre = -log(n - 1) (H_pre = 1/n: F reads the streams' mean), b_post = 0 (H_post = 1), b_res = 0
+    (H_res uniform): at α = 0 every stream is the plain residual stream. α and b are never decayed.
+    The random φ is what makes the streams differ: with φ = 0 they would stay identical. Parameters
+    a layer: nC (n² + 2n) + n² + 2n + 3. Training FLOPs a token a layer: 6 nC (n² + 2n) for the
+    mappings, 6 nC (n + 2) for the mixing, and Sinkhorn's 6·20·2n² (negligible)."""
+
+    def __init__(self, config, k):
+        super().__init__()
+        n, C = config.hc_rate, config.n_embd
+        self.n, self.eps = n, config.norm_eps
+        self.phi = nn.Parameter(torch.randn(n * C, n * n + 2 * n) * 0.02)   # φ_pre, φ_post, φ_res
+        self.bias = nn.Parameter(torch.cat([torch.full((n,), -math.log(n - 1)),
+                                            torch.zeros(n + n * n)]))      # b_pre, b_post, b_res
+        self.gates = nn.Parameter(torch.full((3,), 0.01))                  # α_pre, α_post, α_res
+
+    def mappings(self, x):
+        """H_pre (B, T, n), H_post (B, T, n), H_res (B, T, n, n) of the streams x (B, T, n, C)."""
+        n = self.n
+        flat = F.rms_norm(x.flatten(2), (x.size(2) * x.size(3),), eps=self.eps)
+        raw = (flat @ self.phi).split([n, n, n * n], dim=-1)
+        pre, post, res = (a * r + b for a, r, b in zip(self.gates, raw,
+                                                        self.bias.split([n, n, n * n])))
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), sinkhorn(res.unflatten(-1, (n, n)))
+
+    def forward(self, x):
+        """HyperConnection.forward's (layer input, skip, output weights): H_pre x, H_res x and
+        H_post."""
+        pre, post, res = self.mappings(x)
+        return (pre.unsqueeze(2) @ x).squeeze(2), res @ x, post
+
+
+class HyperBlock(AblationBlock):
+    """AblationBlock with a hyper-connection (HC's or mHC's) around its attention and one around its
+    MLP: the papers' layers are these sublayers, 2L of them. Between blocks the stream is (B, T, n,
+    C): block 1 copies the embedding into the n streams (H^0), the last block sums them for the head
+    (its norm follows), as HC does; mHC does not say how it reads its streams out: we sum, as HC."""
+
+    def __init__(self, config, n):
+        super().__init__(config, n)
+        kind = HyperConnection if config.hyper_connections == 'hc' else ManifoldHyperConnection
+        self.hc_attn, self.hc_mlp = kind(config, 2 * n - 2), kind(config, 2 * n - 1)
+        self.first, self.last, self.rate = n == 1, n == config.n_layer, config.hc_rate
+
+    def forward(self, x, rope, lambda_n, carry, kv_cache):
+        if self.first:
+            x = x.unsqueeze(2).expand(-1, -1, self.rate, -1)
+        h, skip, out_weights = self.hc_attn(x)
+        y, heads = self.attn(self.norm_attn(h), rope, lambda_n, carry, kv_cache)
+        x = skip + out_weights.unsqueeze(-1) * y.unsqueeze(2)
+        h, skip, out_weights = self.hc_mlp(x)
+        x = skip + out_weights.unsqueeze(-1) * self.mlp(self.norm_mlp(h)).unsqueeze(2)
+        return (x.sum(2) if self.last else x), heads
+
+
+class MuddBlock(AblationBlock):
+    """MUDDFormer (Xiao et al., ICML 2025, arXiv 2502.12170, Sec. 2; official code: pytorch/
+    muddformer/modeling_muddformer.py's MultiwayDynamicDenseBlock, jax/MaxText/layers/llama2.py for
+    the init): block n's output X_n (X_0: the embedding) decides, per token, how layer n + 1 reads
+    X_0 .. X_n, separately for its query, key, value and residual inputs (the four ways):
+
+        A = GELU(RMSNorm(X_n) W_1) W_2 + a   (B, T, 4, n + 1),   X^way = Σ_j A_{way, j} X_j,
+
+    RMSNorm without a gain. The next block normalizes its Q, K and V inputs with norms of their
+    own (the code's sepln) and adds its attention and MLP to X^R; the last block mixes X^R alone,
+    for the head. As the official code: W_1 (C, h_n) ~ N(0, 1/C), W_2 = 0, a one-hot on X_n (its
+    'current_only' init: each way starts as X_n, the Transformer), h_n = 4 (n + 1) (the last
+    block's one way by expand_last's 4) rounded up past a multiple of 64 (round64). Ours: a is
+    never weight-decayed (1-D), W_1 and W_2 are. Left out: the code's FFN widths growing with depth,
+    its QK-norm and the JAX version's norms around the mix, which change the backbone, not the
+    connections. Parameters of block n: C h_n + h_n W_n + W_n (W_n = ways (n + 1)), and 2C for the
+    K and V norms from block 2 on. Training FLOPs a token: 6 Σ_n (C h_n + h_n W_n + W_n C), the last
+    term (the mix) beyond 6 a parameter."""
+
+    def __init__(self, config, n):
+        super().__init__(config, n)
+        C = config.n_embd
+        self.n, self.eps = n, config.norm_eps
+        self.ways = 1 if n == config.n_layer else 4                   # Q, K, V, R; the last: R
+        if n > 1:
+            self.norm_k = type(self.norm_attn)(C, eps=config.norm_eps)
+            self.norm_v = type(self.norm_attn)(C, eps=config.norm_eps)
+        weights = self.ways * (n + 1)
+        hidden = (weights * (4 if self.ways == 1 else 1) // 64 + 1) * 64
+        self.dense_in = nn.Parameter(torch.randn(C, hidden) / math.sqrt(C))  # W_1
+        self.dense_out = nn.Parameter(torch.zeros(hidden, weights))          # W_2
+        self.dense_bias = nn.Parameter(F.one_hot(torch.tensor(n), n + 1).float().repeat(self.ways))
+
+    def forward(self, x, rope, lambda_n, carry, kv_cache):
+        if self.n == 1:
+            h = self.norm_attn(x)
+        else:
+            x_q, x_k, x_v, x = x
+            h = self.norm_attn(x_q), self.norm_k(x_k), self.norm_v(x_v)
+        y, heads = self.attn(h, rope, lambda_n, carry, kv_cache)
+        x = x + y
+        x = x + self.mlp(self.norm_mlp(x))
+        carry.streams.append(x)                                      # X_n beside X_0 .. X_{n-1}
+        a = F.gelu(F.rms_norm(x, (x.size(-1),), eps=self.eps) @ self.dense_in) @ self.dense_out
+        a = (a + self.dense_bias).unflatten(-1, (self.ways, self.n + 1))
+        mixed = a @ torch.stack(carry.streams, dim=2)                # (B, T, ways, C)
+        return (mixed[:, :, 0] if self.ways == 1 else tuple(mixed.unbind(2))), heads

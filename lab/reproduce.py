@@ -135,7 +135,8 @@ LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [6
 # Beyond the paper: the value residual's successors (ablations.py's SUCCESSORS), each beside the
 # Transformer and Identity ResFormer at both depths and paired with the Transformer of its depth; a
 # Transformer widened to its parameters where one adds more than 1% (SUCCESSOR_MATCHED).
-SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block']
+SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block', 'hyper_connections', 'mhc',
+              'muddformer']
 SUCCESSOR_MATCHED = 0.01
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}

@@ -220,7 +220,8 @@ def test_run_names_identify_settings():
     figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 7
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
                                            + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3
-                                           + 4 * 2 * 3)  # successors: 4 new at each depth
+                                           + (7 + 2) * 2 * 3  # successors: 7, 2 widened, each depth
+                                           + 16 + 24)  # tuned's sweep, one seed: 16 new at 4 layers, 24 at 8
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
@@ -351,8 +352,8 @@ def test_every_suite_of_the_paper_is_named_by_its_full_scale_config():
     """Each suite's README links the configs whose header runs it (`lab/reproduce.py <suite>`): every suite
     has one but the two that are not the paper's experiments. A suite's name inside a longer one's
     (lr in muon_lr) or another scale's command (value_bank --scale=bpe) does not count."""
-    assert [s for s in reproduce.SUITES if not reproduce.configs_naming(s, 'cpu')] == ['value_embed',
-                                                                                      'value_bank']
+    assert [s for s in reproduce.SUITES if not reproduce.configs_naming(s, 'cpu')] == [
+        'value_embed', 'value_bank', 'tuned']  # tuned: the CPU recipe's own sweep, no GPU config
     assert reproduce.configs_naming('lr', 'cpu') == ['lr_sweep_82m.py']
     assert reproduce.configs_naming('muon_lr', 'cpu') == ['muon_82m.py']
     assert reproduce.configs_naming('value_bank', 'bpe') == ['small_value_bank.py']
