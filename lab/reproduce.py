@@ -423,7 +423,8 @@ PROBE_TOLERANCE = 1e-3
 PROBED = ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping', 'residual_type', 'h0_residual',
           'muon', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
           'neutreno_lambda', 'residual_from', 'anchors', 'backbone',
-          'value_gate', 'value_gate_last_k', 'value_gate_static', 'attn_res', 'attn_res_block')
+          'value_gate', 'value_gate_last_k', 'value_gate_static', 'attn_res', 'attn_res_block',
+          'hyper_connections', 'hc_rate', 'hc_dynamic', 'muddformer')
 # --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
 # loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
 # steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain
