@@ -49,19 +49,21 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from configurator import _read_config_file, configure
-from ablations import BASELINES, AblationConfig, build_model
+from ablations import BASELINES, CONNECTIONS, SUCCESSORS, AblationConfig, build_model
 from model import GPT, VARIANTS, GPTConfig
 from vrl import cli, hardware, metrics, optim
 from vrl.settings import model_config
 
 PRESETS = VARIANTS | BASELINES  # every named variant: the paper's (model.py) and the baselines (ablations.py)
+# presets='successors': the value residual's successors (ablations.py) beside Identity ResFormer
+NAMED = {'all': list(PRESETS), 'successors': ['vanilla', 'resformer_identity', *SUCCESSORS, *CONNECTIONS]}
 
 # -----------------------------------------------------------------------------
 shape = 'small'  # 'small' (train.py's defaults, the README's main job), '82m' or '468m': see SHAPES
 batch_size = 0  # sequences per training step; 0 = the shape's default for this device
 block_size = 0  # tokens per sequence; 0 = the shape's default for this device
-presets = 'all'  # comma-separated names from model.VARIANTS and ablations.BASELINES, or 'all'; vanilla
-#   is always included
+presets = 'all'  # comma-separated names from model.VARIANTS, ablations.BASELINES, SUCCESSORS and
+#   CONNECTIONS; or 'all' (the paper's and its baselines) or 'successors'; vanilla is always included
 rounds = 10  # each round times every contender once, in a rotated order
 steps = 4  # timed training steps per contender and round
 warmup = 3  # untimed steps per contender before the first round (allocator, optimizer state, compile)
@@ -970,10 +972,10 @@ OFFICIAL_FILES = {'official baseline': 'modeling_llama_baseline.py',
 
 if shape not in SHAPES:
     raise SystemExit(f"bench.py: shape={shape!r}; use one of {', '.join(SHAPES)}")
-names = list(PRESETS) if presets == 'all' else ['vanilla'] + [p for p in presets.split(',')
-                                                               if p != 'vanilla']
-if unknown := [p for p in names if p not in PRESETS]:
-    raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+names = NAMED.get(presets) or ['vanilla'] + [p for p in presets.split(',') if p != 'vanilla']
+if unknown := [p for p in names if p not in NAMED['successors'] + NAMED['all']]:
+    raise SystemExit(f"bench.py: unknown preset(s) {', '.join(unknown)}; choose from 'all', 'successors' "
+                     f"or {', '.join(dict.fromkeys(NAMED['all'] + NAMED['successors']))}")
 counts = (('rounds', rounds, 1), ('steps', steps, 1), ('decode_rounds', decode_rounds, 1),
           ('warmup', warmup, 0), ('loop_rounds', loop_rounds, 0))
 if too_low := [f"{name}={value}" for name, value, least in counts if value < least]:
