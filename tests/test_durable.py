@@ -142,6 +142,13 @@ def test_a_background_save_writes_the_weights_of_its_step(tmp_path, monkeypatch)
     written = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
     assert torch.equal(written['model']['w'], torch.arange(1e6) + 1)
     assert written['checksum'] == run_folder.checksum(written) and run.saved_step == 1
+    first_copy = run.host_copy[0].data_ptr()
+    run.save(small_checkpoint(2), best=False, background=True)  # refills the first copy's memory
+    run.wait()
+    assert run.host_copy[0].data_ptr() == first_copy
+    written = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
+    assert torch.equal(written['model']['w'], torch.arange(1e6) + 2)
+    assert torch.load(tmp_path / 'out' / 'ckpt.prev.pt', weights_only=True)['iter_num'] == 1
     run.let_go()
 
 
