@@ -86,6 +86,35 @@ def test_a_torn_checkpoint_resumes_from_the_one_before(workdir, straight, torn):
     assert kept['iter_num'] == 36
 
 
+KILLED_IN_ITS_FIRST_LAUNCH = """import os, runpy, signal, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+updates = 0
+def killed_at_step_6(optimizer, args, kwargs):
+    global updates
+    updates += any(group['lr'] for group in optimizer.param_groups)  # not the start-up estimate's
+    if updates == 6 and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':
+        os.kill(os.getpid(), signal.SIGKILL)
+register_optimizer_step_post_hook(killed_at_step_6)
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_torchrun_max_restarts_continues_an_auto_run(workdir, straight):
+    """torchrun --max-restarts=1 relaunches a rank killed in step 6 with the same arguments: with
+    init_from=auto it resumes the checkpoint of step 4 and ends as the uninterrupted run."""
+    script = workdir / 'killed_in_its_first_launch.py'
+    script.write_text(KILLED_IN_ITS_FIRST_LAUNCH)
+    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1',
+                             '--max-restarts=1', script, REPO / 'train.py', *TINY, *LONG, '--init_from=auto',
+                             '--out_dir=out_restarted'], cwd=workdir, capture_output=True, text=True, timeout=240,
+                            env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'taking its lock over' in result.stderr
+    assert records(workdir, 'out_restarted') == straight
+
+
 def test_eval_only_never_scores_the_previous_checkpoint(workdir):
     train(workdir, '--out_dir=out_torn_eval', *LONG, '--max_iters=8')
     ckpt = workdir / 'out_torn_eval' / 'ckpt.pt'
