@@ -275,25 +275,17 @@ def test_break_refuses_a_lock_whose_holder_runs_on_this_host(tmp_path):
     held.release()
 
 
-HOLD_A_MOMENT = """import sys, time
-sys.path.insert(0, sys.argv[2])
-from vrl import locks
-held, _ = locks.try_lock(sys.argv[1], "holder")
-print("held", flush=True)
-time.sleep(1)
-held.release()
-"""
-
-
-def test_a_held_lock_is_retried_until_its_holder_lets_go(tmp_path, monkeypatch, capsys):
-    """A batch job retries (LOCK_WAIT): here the holder lets go after a moment, and the run goes ahead."""
+def test_a_lock_held_from_another_host_is_retried_until_let_go(tmp_path, monkeypatch, capsys):
+    """A batch job retries (LOCK_WAIT) a lock held from another host: here its holder lets go after a
+    moment, and the run goes ahead. A holder on this host is refused at once (flock is sure there)."""
     path = str(tmp_path / 'run.lock')
-    holder = subprocess.Popen([sys.executable, '-c', HOLD_A_MOMENT, path, REPO], stdout=subprocess.PIPE,
-                              text=True)
-    assert holder.stdout.readline() == 'held\n'
+    left_by(path, host='node-busy', pid=4242, job='90', restart=0)
     monkeypatch.setattr(locks, 'RETRY_EVERY', 0.05)
+    threading.Timer(0.3, os.remove, [path + '.pid']).start()  # that run ends
     held = locks.hold(path, 'train.py', lambda who: f"{who} holds it", wait=60)
-    assert f'train.py: {path} is held by process {holder.pid}; retrying for up to 60 s' \
-        in capsys.readouterr().err
+    assert capsys.readouterr().err == (f'train.py: {path} is held by process 4242 on host node-busy; retrying '
+                                       f'for up to 60 s (a dead node\'s lock lapses with its lease)\n')
+    with pytest.raises(SystemExit) as refused:  # now by this process, on this host
+        locks.hold(path, 'train.py', lambda who: f"{who} holds it", wait=60)
+    assert refused.value.code == f'train.py: process {os.getpid()} holds it'
     held.release()
-    holder.wait()

@@ -21,8 +21,8 @@ import time
 import filelock  # installed with torch: flock on Linux and macOS, msvcrt on Windows
 
 HOST = socket.gethostname()
-# seconds a SLURM job retries a held lock before it gives up (a requeued job can start on another node
-# before the NFS or Lustre lock of its dead node has lapsed); at once elsewhere: a person is there to see it
+# seconds a SLURM job retries a lock held from another host before it gives up (a requeued job can start
+# before the NFS or Lustre lock of its dead node has lapsed); none elsewhere: a person is there to see it
 LOCK_WAIT = 300 if 'SLURM_JOB_ID' in os.environ else 0
 RETRY_EVERY = 5  # seconds between tries
 
@@ -111,6 +111,14 @@ def claim(pid_path, script):
     return describe(owner(pid_path))  # another process claimed it in between
 
 
+def file_lock(path):
+    """filelock's exclusive lock on path, tried once (no waiting)."""
+    try:  # filelock 4 would fall back to a marker file, which a run killed on another machine leaves held
+        return filelock.FileLock(path, timeout=0, fallback_to_soft=False)
+    except TypeError:  # filelock 3: no such argument, and no fallback (it raises NotImplementedError)
+        return filelock.FileLock(path, timeout=0)
+
+
 def try_lock(path, script):
     """(Lock, None) when this process now holds path (made if missing); (None, "process 1234") naming the
     process that holds it otherwise ("process 1234 on host node7" on another host, "process unknown" when
@@ -118,10 +126,7 @@ def try_lock(path, script):
     mounted without -o flock, say) ends script with one line that says so; an OSError of the folder
     (read-only, missing) is the caller's to report."""
     path = os.path.abspath(path)  # the pid file is removed from the same place if the working folder changes
-    try:  # filelock 4 would fall back to a marker file, which a run killed on another machine leaves held
-        lock = filelock.FileLock(path, timeout=0, fallback_to_soft=False)
-    except TypeError:  # filelock 3: no such argument, and no fallback (it raises NotImplementedError)
-        lock = filelock.FileLock(path, timeout=0)
+    lock = file_lock(path)
     try:
         lock.acquire()
     except filelock.Timeout:
@@ -144,32 +149,35 @@ def try_lock(path, script):
 
 
 def hold(path, script, refusal, wait=None):
-    """try_lock, retried for up to wait seconds (LOCK_WAIT by default) with one line that says so; then, if
-    another process still holds path, script ends with the one line f"{script}: {refusal(holder)}", holder
-    naming that process ("process 1234"), and how to break the lock where its holder is not on this host."""
+    """try_lock; where another process holds path, script ends with the one line
+    f"{script}: {refusal(holder)}", holder naming that process ("process 1234"). A holder on this host is
+    refused at once (flock is sure there); one on another host, or none named, is retried for up to wait
+    seconds (LOCK_WAIT by default), with one line that says so, and then refused with how to break the
+    lock."""
     wait = LOCK_WAIT if wait is None else wait
-    deadline = time.monotonic() + wait
-    held, other = try_lock(path, script)
-    if held is None and wait > 0:
-        print(f"{script}: {path} is held by {other}; retrying for up to {wait:.0f} s (a dead node's lock "
-              f"lapses with its lease)", file=sys.stderr)
-    while held is None and time.monotonic() < deadline:
-        time.sleep(min(RETRY_EVERY, max(deadline - time.monotonic(), 0)))
+    deadline, said = time.monotonic() + wait, False
+    while True:
         held, other = try_lock(path, script)
-    if held is None:
+        if held:
+            return held
         left = owner(os.path.abspath(path) + ".pid")
         elsewhere = left is None or left.get('host', HOST) != HOST
-        raise SystemExit(f"{script}: {refusal(other)}" + (
-            f" (if that process is gone, its node down, break the lock with `python -m vrl.locks break "
-            f"{path}`)" if elsewhere else ""))
-    return held
+        if not elsewhere or time.monotonic() >= deadline:
+            raise SystemExit(f"{script}: {refusal(other)}" + (
+                f" (if that process is gone, its node down, break the lock with `python -m vrl.locks break "
+                f"{path}`)" if elsewhere else ""))
+        if not said:
+            print(f"{script}: {path} is held by {other}; retrying for up to {wait:.0f} s (a dead node's "
+                  f"lock lapses with its lease)", file=sys.stderr)
+            said = True
+        time.sleep(min(RETRY_EVERY, max(deadline - time.monotonic(), 0)))
 
 
 def break_lock(path):
     """Remove path and its .pid file, for a holder the user knows is gone: refused while a process on this
     host holds it (flock is sure there). A next run then locks a new file."""
     path = os.path.abspath(path)
-    lock = filelock.FileLock(path, timeout=0)
+    lock = file_lock(path)
     try:
         lock.acquire()
         lock.release()
