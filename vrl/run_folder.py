@@ -215,6 +215,7 @@ class RunFolder:
         return copied
 
     def write(self, checkpoint, best):
+        """save()'s write, in this thread or the writer's: a failure is kept for wait() to report."""
         written, best_written = self.ckpt_path + '.tmp', self.best_path + '.tmp'
         try:
             checkpoint['checksum'] = checksum(checkpoint)  # checked when it is read (load_checkpoint)
@@ -229,7 +230,7 @@ class RunFolder:
                 os.replace(self.ckpt_path, self.previous_path)
             os.replace(written, self.ckpt_path)
             flush_folder(self.out_dir)
-        except Exception as e:  # torch.save reports a full disk as a RuntimeError
+        except Exception as e:  # any, in a thread too, is the run's one line (a full disk: a RuntimeError)
             for partial in (written, best_written):  # gone now, not at the next start
                 with contextlib.suppress(OSError):
                     os.remove(partial)
