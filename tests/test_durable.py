@@ -131,9 +131,12 @@ def small_checkpoint(step):
 def test_a_save_flushes_each_file_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
     """The order a crash of the machine needs (a rename is durable only once its folder is flushed, and names
     its file's bytes only where they were flushed first): ckpt.pt.tmp and best.pt.tmp flushed, then renamed,
-    the folder flushed after each rename; ckpt.pt kept as ckpt.prev.pt."""
+    the folder flushed after each rename; ckpt.pt kept as ckpt.prev.pt; and before them a resumed run's log,
+    cut back to its checkpoint, the same way."""
     run = run_folder.RunFolder(str(tmp_path / 'out'), 'scratch', False, writes=True)
     run.save(small_checkpoint(1), best=False)
+    (tmp_path / 'out' / 'log.jsonl').write_text('{"step": 1}\n{"step": 2}\n')
+    run.before_first_write = ('resume', 1, False)  # as a run resumed at step 1: its log is cut back first
     events, fsync, replace = [], os.fsync, os.replace
     monkeypatch.setattr(os, 'fsync', lambda fd: events.append(
         ('fsync', os.path.basename(os.readlink(f'/proc/self/fd/{fd}')))) or fsync(fd))
@@ -142,7 +145,8 @@ def test_a_save_flushes_each_file_before_its_rename_and_the_folder_after(tmp_pat
     run.save(small_checkpoint(2), best=True)
     monkeypatch.undo()
     run.let_go()
-    assert events == [('fsync', 'ckpt.pt.tmp'), ('fsync', 'best.pt.tmp'),
+    assert events == [('fsync', 'log.jsonl.tmp'), ('rename', 'log.jsonl.tmp', 'log.jsonl'), ('fsync', 'out'),
+                      ('fsync', 'ckpt.pt.tmp'), ('fsync', 'best.pt.tmp'),
                       ('rename', 'best.pt.tmp', 'best.pt'), ('fsync', 'out'),
                       ('rename', 'ckpt.pt', 'ckpt.prev.pt'), ('rename', 'ckpt.pt.tmp', 'ckpt.pt'),
                       ('fsync', 'out')]
