@@ -12,8 +12,8 @@ import threading
 import pytest
 import torch
 
-from test_train import (LONG, REPO, TINY, assert_same_weights, log, records, stopping_at,  # noqa: F401
-                        straight, train, wait_until_stopped, weights, workdir)
+from test_train import (LONG, REPO, TINY, TWO_PASSES, assert_same_weights, ddp_straight,  # noqa: F401
+                        log, records, stopping_at, straight, train, wait_until_stopped, weights, workdir)
 from vrl import locks, run_folder, settings
 from testing import train_defaults
 
@@ -101,18 +101,23 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
-def test_torchrun_max_restarts_continues_an_auto_run(workdir, straight):
-    """torchrun --max-restarts=1 relaunches a rank killed in step 6 with the same arguments: with
-    init_from=auto it resumes the checkpoint of step 4 and ends as the uninterrupted run."""
+def test_torchrun_max_restarts_continues_an_auto_run(workdir, ddp_straight):
+    """torchrun --max-restarts=1 relaunches its 2 ranks, killed in step 6, with the same arguments: with
+    init_from=auto each resumes the checkpoint of step 4 (rank 0 taking over the lock its killed run left),
+    and the run ends as the uninterrupted one. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: without it the
+    relaunched ranks read the first launch's addresses from torchrun's store, and gloo cannot connect
+    (pytorch/pytorch#135712)."""
     script = workdir / 'killed_in_its_first_launch.py'
     script.write_text(KILLED_IN_ITS_FIRST_LAUNCH)
-    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1',
-                             '--max-restarts=1', script, REPO / 'train.py', *TINY, *LONG, '--init_from=auto',
-                             '--out_dir=out_restarted'], cwd=workdir, capture_output=True, text=True, timeout=240,
-                            env=dict(os.environ, OMP_NUM_THREADS='1'))
+    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                             '--max-restarts=1', script, REPO / 'train.py', *TINY, *TWO_PASSES, *LONG,
+                             '--init_from=auto', '--out_dir=out_restarted'], cwd=workdir, capture_output=True,
+                            text=True, timeout=240,
+                            env=dict(os.environ, OMP_NUM_THREADS='1', TORCH_DISABLE_SHARE_RDZV_TCP_STORE='1'))
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'taking its lock over' in result.stderr
-    assert records(workdir, 'out_restarted') == straight
+    assert records(workdir, 'out_restarted') == ddp_straight
+    assert_same_weights(weights(workdir, 'out_restarted'), weights(workdir, 'out_ddp_straight'))
 
 
 def test_eval_only_never_scores_the_previous_checkpoint(workdir):
