@@ -59,25 +59,44 @@ def test_auto_after_a_kill_past_a_checkpoint_resumes_exactly(workdir, straight):
     assert (workdir / 'out_auto_late' / 'log.jsonl').read_bytes() == before
 
 
+KILLED_BEFORE_THE_RENAME = """import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+replace, renames = os.replace, []
+def killed_in_the_second_save(source, target):  # after ckpt.pt became ckpt.prev.pt, before the new one
+    if str(source).endswith('ckpt.pt.tmp'):
+        renames.append(target)
+        if len(renames) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return replace(source, target)
+os.replace = killed_in_the_second_save
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
 @pytest.mark.parametrize('torn', ['truncated', 'killed before its rename'])
 def test_a_torn_checkpoint_resumes_from_the_one_before(workdir, straight, torn):
-    """ckpt.pt cut short (a crash that lost its tail), or missing while ckpt.pt.tmp holds half a write (a kill
-    between a save's two renames): the resume says so in one line, goes on from ckpt.prev.pt (step 4) and
-    ends as the uninterrupted run; the torn file is not kept as the next previous checkpoint."""
+    """ckpt.pt cut short (a crash that lost its tail), or missing (a kill in the second save, step 8's,
+    between ckpt.pt's rename to ckpt.prev.pt and the new one's into place): the resume says so in one line,
+    goes on from ckpt.prev.pt (step 4) and ends as the uninterrupted run; the torn file is not kept as the
+    next previous checkpoint."""
     out = f"out_torn_{torn.split()[0]}"
-    train(workdir, f'--out_dir={out}', *LONG, '--max_iters=8')
     folder = workdir / out
     ckpt, previous = folder / 'ckpt.pt', folder / 'ckpt.prev.pt'
-    assert torch.load(previous, weights_only=True)['iter_num'] == 4
-    half = ckpt.read_bytes()[:ckpt.stat().st_size // 2]
     if torn == 'truncated':
-        ckpt.write_bytes(half)
+        train(workdir, f'--out_dir={out}', *LONG, '--max_iters=8')
+        ckpt.write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
         said = f'train.py: checkpoint {out}/ckpt.pt is unreadable: truncated, or not a checkpoint written by ' \
                f'train.py; resuming from {out}/ckpt.prev.pt (step 4), the checkpoint saved before it'
     else:
-        ckpt.unlink()
-        (folder / 'ckpt.pt.tmp').write_bytes(half)
+        script = workdir / 'killed_before_the_rename.py'
+        script.write_text(KILLED_BEFORE_THE_RENAME)
+        killed = subprocess.run([sys.executable, script, REPO / 'train.py', *TINY, *LONG, f'--out_dir={out}'],
+                                cwd=workdir, capture_output=True, timeout=120)
+        assert killed.returncode == -signal.SIGKILL and not ckpt.exists()
+        assert (folder / 'ckpt.pt.tmp').exists()
         said = f'train.py: checkpoint {out}/ckpt.pt not found; resuming from {out}/ckpt.prev.pt (step 4)'
+    assert torch.load(previous, weights_only=True)['iter_num'] == 4
     result = train(workdir, f'--out_dir={out}', '--init_from=auto', *LONG)
     assert said in result.stderr
     assert records(workdir, out) == straight
