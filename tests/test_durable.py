@@ -32,11 +32,15 @@ def killed_at(workdir, step, out_dir):
 
 def test_auto_after_a_kill_before_the_first_checkpoint_trains_from_scratch(workdir, straight):
     """Killed in step 3, before its first checkpoint (step 4): the folder holds a log and no checkpoint, which
-    is no run; the relaunch with the same command line starts over, says so in one line, and trains the
-    uninterrupted run."""
+    is no run (a resume says to use auto); the relaunch with the same command line starts over, says so in
+    one line, and trains the uninterrupted run."""
     killed_at(workdir, 3, 'out_auto_early')
     assert not (workdir / 'out_auto_early' / 'ckpt.pt').exists()
     assert max(log(workdir, 'out_auto_early', 'train_loss')) == 2
+    refused = train(workdir, '--out_dir=out_auto_early', '--init_from=resume', *LONG, check=False)
+    assert refused.stderr.splitlines()[-1] == (
+        'train.py: checkpoint out_auto_early/ckpt.pt not found, so there is nothing to resume; start the run '
+        'with --init_from=auto, which starts over where there is no checkpoint')
     result = train(workdir, '--out_dir=out_auto_early', '--init_from=auto', *LONG)
     assert ('train.py: out_auto_early holds log.jsonl but no checkpoint (a run stopped before its first '
             'save): starting from scratch, which replaces them') in result.stderr

@@ -88,6 +88,9 @@ class RunFolder:
         when the run first writes (an evaluation its checkpoint holds stays: the run does not repeat it).
         eval_only scores ckpt.pt alone."""
         path = self.ckpt_path
+        if not (eval_only or self.has_checkpoint()):  # a kill before the first save leaves a log alone
+            raise SystemExit(f"train.py: checkpoint {path} not found, so there is nothing to resume; start "
+                             f"the run with --init_from=auto, which starts over where there is no checkpoint")
         try:
             model, checkpoint = load_checkpoint(path, resuming=True)
         except SystemExit as unreadable:
