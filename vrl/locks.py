@@ -6,8 +6,8 @@ lab/reproduce.py one per run.
 
 The two together, because shared file systems bend flock: on Lustre mounted with -o localflock it locks
 one node only (two jobs on two nodes would both hold it), and on NFS a dead node's lock lives on until its
-lease lapses. The .pid file, made with O_EXCL, is one holder across nodes; a batch job retries a held lock
-for a while (LOCK_WAIT); and a lock whose holder is gone from another host is broken by hand:
+lease lapses. The .pid file, made with O_EXCL, is one holder across nodes; a batch job retries a lock held
+from another host for a while (LOCK_WAIT); and one whose holder is gone from another host is broken by hand:
     python -m vrl.locks break out/.lock
 """
 import contextlib
