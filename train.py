@@ -50,7 +50,7 @@ eval_full = False  # score every validation window at every evaluation (not at s
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations only)
 max_time = 0  # seconds: save and exit 0 at the first step boundary past it (0: no limit)
-init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'auto' (resume if there is one)
 overwrite = False  # let a fresh run replace a run already in out_dir (ckpt.pt, best.pt, log.jsonl)
 save_checkpoint = True  # False: write no ckpt.pt or best.pt (lab/bench.py's node check times runs)
 wandb_log = False
@@ -152,7 +152,7 @@ def pieces(sets):  # the validation windows of sets in passes of batch_size, for
 # model and optimizer: from scratch, or the architecture, weights and optimizer of out_dir/ckpt.pt
 iter_num, best_val_loss, last_eval = 0, float('inf'), None
 loss_since_log, steps_since_log = 0.0, 0  # the training loss summed over the steps since a log
-if init_from == 'resume':  # checked to continue exactly: the settings and data it was trained on
+if run.resuming:  # checked to continue exactly: the settings and data it was trained on
     raw_model, ckpt = run.resume(model_config, config, data.meta, eval_only)
     iter_num, best_val_loss, last_eval = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['last_eval']
     loss_since_log, steps_since_log = ckpt['loss_since_log']
@@ -168,7 +168,7 @@ try:  # lr_scales naming what is not a parameter of this model: one line
                                            lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
 except ValueError as e:
     raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
-if init_from == 'resume':
+if run.resuming:
     optimizer.load_state_dict(ckpt['optimizer'])
     scaler.load_state_dict(ckpt['scaler'])
     del ckpt  # memory-mapped: let go of it

@@ -33,3 +33,6 @@ n_embd = 2048  # SwiGLU hidden defaults to 3.5 x n_embd = 7168
 batch_size = 4  # sequences a GPU takes a pass: micro_batch's (paper_recipe.py), in its memory
 gradient_accumulation_steps = 256  # so that a step still takes 256 x 4 = 1024 sequences
 eval_iters = 448  # the recipe's validation sample: 64 batches of 4 = 256 windows a domain
+ckpt_interval = 250  # a save every 250 steps (about 30 min): a kill, or a SIGTERM whose 30 s
+#   cannot hold this size's save, loses at most that; a save (20 GB) stalls 25-90 s of 1,750 s
+#   (docs/training.md, 'What a stop's save achieves')

@@ -544,7 +544,8 @@ def test_resume_after_sigkill(workdir, straight):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert max(log(workdir, 'out_killed', 'train_loss')) == 5  # killed in step 6's update, before its record
-    assert (workdir / 'out_killed' / '.lock.pid').read_text() == f'{process.pid}\n'  # left, yet no obstacle
+    left = json.loads((workdir / 'out_killed' / '.lock.pid').read_text())
+    assert left['pid'] == process.pid  # left, yet no obstacle
     train(workdir, '--out_dir=out_killed', '--init_from=resume', *LONG)
     assert records(workdir, 'out_killed') == straight
     assert not list((workdir / 'out_killed').glob('*.tmp'))
@@ -956,7 +957,7 @@ def test_two_fresh_runs_into_one_folder_never_both_write(workdir):
     second.send_signal(signal.SIGCONT)
     stdout, stderr = second.communicate(timeout=120)
     one_line_error(subprocess.CompletedProcess(second.args, second.returncode, stdout, stderr),
-                   'train.py: out_race_2 already holds a run (ckpt.pt, best.pt, log.jsonl)')
+                   'train.py: out_race_2 already holds a run (ckpt.pt, best.pt, log.jsonl, ckpt.prev.pt)')
     assert snapshot(workdir / 'out_race_2') == before
     assert records(workdir, 'out_race_2') == records(workdir, 'out_race_alone')
 

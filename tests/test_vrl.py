@@ -53,7 +53,7 @@ def test_the_lock_refuses_a_second_holder_names_it_and_is_freed_by_sigkill(tmp_p
     finally:
         ended(holder)
     held, other = locks.try_lock(path, "test.py")
-    assert other is None and open(path + ".pid").read() == f"{os.getpid()}\n"
+    assert other is None and json.loads(open(path + ".pid").read())["pid"] == os.getpid()
     process, said = other_process(path)
     ended(process)
     assert said == "refused"

@@ -1,8 +1,8 @@
 """
 A run's out_dir and its checkpoints (RunFolder): never overwritten by accident, one writer at a time,
-what a kill left tidied, checkpoints written atomically, the log cut back on resume; and reading a
-checkpoint back (load_checkpoint), resuming only with the data and settings it was trained with
-(check_resume).
+what a kill left tidied, checkpoints written atomically and durably (the previous one kept), in the
+background where asked, the log cut back on resume; and reading a checkpoint back (load_checkpoint),
+resuming only with the data and settings it was trained with (check_resume).
 """
 import atexit
 import contextlib
@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import zlib
 from dataclasses import fields
 
@@ -23,6 +24,7 @@ from vrl import cli, locks
 
 
 RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # what a run writes to out_dir
+PREVIOUS = 'ckpt.prev.pt'  # and the checkpoint before ckpt.pt, for a resume when ckpt.pt is torn
 
 
 class RunFolder:
@@ -30,16 +32,26 @@ class RunFolder:
     0, unless eval_only) takes out_dir's lock, checks it under the lock and writes; it lets go when the
     process ends (atexit; the OS when it is killed). saves=False (save_checkpoint=False): no ckpt.pt or
     best.pt. A fresh run that overwrites, or a resumed one, changes the old files only when it first
-    writes: a run that fails before that leaves them as they were."""
+    writes: a run that fails before that leaves them as they were. resuming: whether the run continues
+    out_dir's checkpoint (init_from 'resume', or 'auto' where there is one), the same on every rank."""
 
     def __init__(self, out_dir, init_from, overwrite, writes, saves=True):
         self.out_dir, self.writes, self.saves = out_dir, writes, saves
         self.ckpt_path, self.best_path, self.log_path = (os.path.join(out_dir, name) for name in RUN_FILES)
-        self.saved_step = None  # the step of the last good checkpoint, once there is one
+        self.previous_path = os.path.join(out_dir, PREVIOUS)
+        self.saved_step, self.saved_path = None, None  # the last good checkpoint, once there is one
+        self.keep_previous = True  # whether the next save keeps ckpt.pt as ckpt.prev.pt (not a torn one)
+        self.writing, self.failure = None, None  # a background write under way; what went wrong in it
+        self.host_copy = []  # the tensors of the last background save's copy, which the next one refills
         self.lock, self.made_out_dir = None, False
         self.before_first_write = 'overwrite' if overwrite else None  # or ('resume', step), below
         if writes:
             self.take(init_from, overwrite)
+        # no rank writes before every rank has read this (the process group starts after the resume)
+        self.resuming = init_from == 'resume' or init_from == 'auto' and self.has_checkpoint()
+
+    def has_checkpoint(self):
+        return os.path.exists(self.ckpt_path) or os.path.exists(self.previous_path)
 
     def take(self, init_from, overwrite):
         """Make out_dir and hold out_dir/.lock, then check under it that out_dir holds no run unless told what
@@ -55,27 +67,47 @@ class RunFolder:
         except OSError as e:
             raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e.strerror or e}); "
                              f"pick another --out_dir") from None
-        existing = [name for name in RUN_FILES if os.path.exists(os.path.join(self.out_dir, name))]
+        existing = [name for name in (*RUN_FILES, PREVIOUS)
+                    if os.path.exists(os.path.join(self.out_dir, name))]
         if existing and init_from == 'scratch' and not overwrite:
             raise SystemExit(f"train.py: {self.out_dir} already holds a run ({', '.join(existing)}); "
-                             f"continue it with --init_from=resume, or start over with --overwrite=True "
-                             f"(deletes it), or pick another --out_dir")
+                             f"continue it with --init_from=resume (or auto), or start over with "
+                             f"--overwrite=True (deletes it), or pick another --out_dir")
+        if existing and init_from == 'auto' and not self.has_checkpoint():
+            print(f"train.py: {self.out_dir} holds {', '.join(existing)} but no checkpoint (a run stopped "
+                  f"before its first save): starting from scratch, which replaces them", file=sys.stderr)
+            self.before_first_write = 'overwrite'
         # a resume reads the log whole, to cut it back to the checkpoint's step
         cli.refuse_pipe(self.log_path, "train.py: the run's log", "remove it, or replace it with a file")
         self.remove_half_written_files()
 
     def resume(self, model_config, config, data_meta, eval_only):
-        """(model, checkpoint) of ckpt.pt, checked to continue exactly (check_resume) before anything
-        touches out_dir; its step is then the last good one, and the log is cut back to it when the run
-        first writes (an evaluation its checkpoint holds stays: the run does not repeat it)."""
-        model, checkpoint = load_checkpoint(self.ckpt_path, resuming=True)
-        check_resume(checkpoint, self.ckpt_path, model.config, model_config, config, data_meta, eval_only)
+        """(model, checkpoint) of ckpt.pt, or of ckpt.prev.pt where ckpt.pt is missing or cannot be read
+        (torn by a crash, damaged), with one line that says so; checked to continue exactly (check_resume)
+        before anything touches out_dir. Its step is then the last good one, and the log is cut back to it
+        when the run first writes (an evaluation its checkpoint holds stays: the run does not repeat it).
+        eval_only scores ckpt.pt alone."""
+        path = self.ckpt_path
+        if not (eval_only or self.has_checkpoint()):  # a kill before the first save leaves a log alone
+            raise SystemExit(f"train.py: checkpoint {path} not found, so there is nothing to resume; start "
+                             f"the run with --init_from=auto, which starts over where there is no checkpoint")
+        try:
+            model, checkpoint = load_checkpoint(path, resuming=True)
+        except SystemExit as unreadable:
+            if eval_only or not os.path.exists(self.previous_path):
+                raise
+            path, self.keep_previous = self.previous_path, False  # the next save replaces ckpt.pt alone
+            model, checkpoint = load_checkpoint(path, resuming=True)
+            if self.writes:
+                print(f"train.py: {str(unreadable.code).split(';')[0]}; resuming from {path} (step "
+                      f"{checkpoint['iter_num']}), the checkpoint saved before it", file=sys.stderr)
+        check_resume(checkpoint, path, model.config, model_config, config, data_meta, eval_only)
         broken = next((name for name, w in model.state_dict().items()
                        if w.is_floating_point() and not torch.isfinite(w).all()), None)
         if broken and not eval_only:
-            raise SystemExit(f"train.py: {self.ckpt_path} holds NaN or inf weights ({broken}), so it cannot "
-                             f"be resumed; start over with --overwrite=True, or resume from a copy of best.pt")
-        self.saved_step = checkpoint['iter_num']
+            raise SystemExit(f"train.py: {path} holds NaN or inf weights ({broken}), so it cannot be "
+                             f"resumed; start over with --overwrite=True, or resume from a copy of best.pt")
+        self.saved_step, self.saved_path = checkpoint['iter_num'], path
         checkpoint.setdefault('last_eval', None)  # written by a train.py before it kept the last evaluation
         checkpoint.setdefault('loss_since_log', (0.0, 0))  # or before it logged interval means
         evaluated = (checkpoint['last_eval'] or {}).get('step') == self.saved_step
@@ -88,8 +120,12 @@ class RunFolder:
         folder go too."""
         if self.lock is None:
             return
+        if self.writing:  # the process ends once its checkpoint is on disk, under the lock
+            self.writing.join()
+            if self.failure:
+                print(self.cannot_write(self.ckpt_path, self.failure), file=sys.stderr)
         empty = self.made_out_dir and not any(os.path.exists(os.path.join(self.out_dir, name))
-                                              for name in RUN_FILES)
+                                              for name in (*RUN_FILES, PREVIOUS))
         self.lock.release(remove=empty)
         self.lock = None
         if empty:
@@ -118,7 +154,7 @@ class RunFolder:
         to what it said up to the checkpoint's step."""
         pending, self.before_first_write = self.before_first_write, None
         if pending == 'overwrite':
-            for name in RUN_FILES:
+            for name in (*RUN_FILES, PREVIOUS):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(self.out_dir, name))
         elif pending and os.path.exists(self.log_path):
@@ -128,31 +164,92 @@ class RunFolder:
                         for line in f if is_record_before(line, step, evaluated)]
             with open(self.log_path + '.tmp', 'wb') as f:
                 f.writelines(kept)
+            flush_to_disk(self.log_path + '.tmp')
             os.replace(self.log_path + '.tmp', self.log_path)
+            flush_folder(self.out_dir)
 
-    def save(self, checkpoint, best):
-        """Write ckpt.pt, and best.pt too when best, each atomically (a crash mid-write leaves the previous
-        file intact) and each its own file (damage to one leaves the other), best.pt first (a kill between the
-        two repeats that evaluation on resume). Only the writer; nothing with saves=False."""
+    def save(self, checkpoint, best, background=False):
+        """Write ckpt.pt, and best.pt too when best: each its own file (damage to one leaves the other),
+        best.pt first (a kill between the two repeats that evaluation on resume), each written to a .tmp,
+        flushed to disk (fsync) and only then renamed into place, the folder flushed after; the ckpt.pt it
+        replaces stays as ckpt.prev.pt (resume falls back to it). background=True copies the checkpoint to
+        the host and writes it in a thread, returning at once: the caller waits only for the copy. A save
+        waits for the write before it, and the process's end for the last (let_go). Only the writer;
+        nothing with saves=False."""
         if not (self.writes and self.saves):
             return
-        written = self.ckpt_path + '.tmp'
+        self.wait()
         try:
             if self.before_first_write:
                 self.first_write()
+        except OSError as e:
+            raise SystemExit(self.cannot_write(self.log_path, e)) from None
+        if background:
+            # a copy, not the live weights and moments: the next steps change those while it writes
+            self.writing = threading.Thread(target=self.write, args=(self.copy_to_host(checkpoint), best),
+                                            name='checkpoint writer')
+            self.writing.start()
+        else:
+            self.write(checkpoint, best)
+            self.wait()
+
+    def copy_to_host(self, checkpoint):
+        """checkpoint with every tensor copied to the host, into the last copy's tensors where they fit: after
+        the first save no new memory, whose page faults made a copy 3 times slower (docs/training.md), and on
+        CUDA pinned memory, which a copy fills at the link's full speed."""
+        last, copies = iter(self.host_copy), []
+
+        def copy(value):
+            if isinstance(value, torch.Tensor):
+                host = next(last, None)
+                if host is None or host.shape != value.shape or host.dtype != value.dtype:
+                    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.is_cuda)
+                copies.append(host.copy_(value.detach(), non_blocking=value.is_cuda))
+                return host
+            if isinstance(value, dict):
+                return {key: copy(item) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(copy(item) for item in value)
+            return value
+        copied = copy(checkpoint)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the copies have landed before the thread reads them
+        self.host_copy = copies
+        return copied
+
+    def write(self, checkpoint, best):
+        """save()'s write, in this thread or the writer's: a failure is kept for wait() to report."""
+        written, best_written = self.ckpt_path + '.tmp', self.best_path + '.tmp'
+        try:
             checkpoint['checksum'] = checksum(checkpoint)  # checked when it is read (load_checkpoint)
             torch.save(checkpoint, written)
+            flush_to_disk(written)
             if best:
-                shutil.copyfile(written, self.best_path + '.tmp')
-                os.replace(self.best_path + '.tmp', self.best_path)
+                shutil.copyfile(written, best_written)
+                flush_to_disk(best_written)
+                os.replace(best_written, self.best_path)
+                flush_folder(self.out_dir)  # best.pt's new name on disk before ckpt.pt's
+            if self.keep_previous and os.path.exists(self.ckpt_path):
+                os.replace(self.ckpt_path, self.previous_path)
             os.replace(written, self.ckpt_path)
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-            full = is_disk_full(e)
-            for partial in (written, self.best_path + '.tmp'):  # gone now, not at the next start
+            flush_folder(self.out_dir)
+        except Exception as e:  # any, in a thread too, is the run's one line (a full disk: a RuntimeError)
+            for partial in (written, best_written):  # gone now, not at the next start
                 with contextlib.suppress(OSError):
                     os.remove(partial)
-            self.cannot_write(self.ckpt_path, e, full)
-        self.saved_step = checkpoint['iter_num']
+            self.failure = e
+            return
+        self.keep_previous = True
+        self.saved_step, self.saved_path = checkpoint['iter_num'], self.ckpt_path
+
+    def wait(self):
+        """Wait for the background write under way, if any; end the run with one line if a write failed."""
+        if self.writing:
+            self.writing.join()
+            self.writing = None
+        if self.failure:
+            error, self.failure = self.failure, None
+            raise SystemExit(self.cannot_write(self.ckpt_path, error))
 
     def log(self, record):
         """Append record to log.jsonl (only the writer)."""
@@ -165,18 +262,40 @@ class RunFolder:
                 ends_a_line = f.tell() == 0 or (f.seek(-1, os.SEEK_END) or f.read(1) == b'\n')
                 f.write((b'' if ends_a_line else b'\n') + (json.dumps(record) + '\n').encode())
         except OSError as e:
-            self.cannot_write(self.log_path, e, is_disk_full(e))
+            raise SystemExit(self.cannot_write(self.log_path, e)) from None
 
     @property
     def kept(self):
         """What a run that stops now leaves, for the line that says why it stopped."""
-        return (f"{self.ckpt_path} (step {self.saved_step}) is the last good checkpoint"
+        return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
                 if self.saved_step is not None else "no checkpoint written")
 
-    def cannot_write(self, path, error, full=False):
-        why = "no space left on device" if full else f"{type(error).__name__}: {error}"
-        raise SystemExit(f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, "
-                         f"{self.kept}") from None
+    def cannot_write(self, path, error):
+        """The line that ends a run whose write of path failed."""
+        why = "no space left on device" if is_disk_full(error) else f"{type(error).__name__}: {error}"
+        return f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, {self.kept}"
+
+
+def flush_to_disk(path):
+    """Flush a written file to the disk (fsync): a rename that follows then never names a file whose bytes
+    a crash of the machine lost (XFS, Lustre, GPFS may otherwise keep the new name over missing data)."""
+    with open(path, 'r+b') as f:  # (Windows flushes no file opened to read only)
+        os.fsync(f.fileno())
+
+
+def flush_folder(folder):
+    """Flush a folder's names to disk (fsync), so that a rename in it outlives a crash of the machine.
+    Not on Windows, which cannot open a folder (its renames are journaled)."""
+    if os.name == 'nt':
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # a file system that cannot flush a folder (some FUSE mounts) keeps no more
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def is_record_before(line, step, evaluated=False):

@@ -44,17 +44,19 @@ def check_settings(config, world_size=1):
         # nothing there
         (c.eval_only or not os.path.isdir(c.out_dir) or os.access(c.out_dir, os.W_OK | os.X_OK),
          f"cannot write to {c.out_dir} (permission denied); pick another --out_dir"),
-        (c.init_from in ('scratch', 'resume'), f"init_from={c.init_from!r}; use 'scratch' or 'resume'"),
-        (not (c.overwrite and c.init_from == 'resume'),
-         "overwrite=True starts over and init_from='resume' continues; pick one"),
+        (c.init_from in ('scratch', 'resume', 'auto'),
+         f"init_from={c.init_from!r}; use 'scratch', 'resume' or 'auto' (resume where out_dir holds a "
+         f"checkpoint, else scratch)"),
+        (not (c.overwrite and c.init_from != 'scratch'),
+         f"overwrite=True starts over and init_from={c.init_from!r} continues; pick one"),
         # a depth no config means: it would pass the size check at a small width and then build modules
         # for minutes in silence
         (not isinstance(c.n_layer, int) or c.n_layer <= MAX_LAYERS,
          f"n_layer={c.n_layer}; the paper's deepest model has 24 layers, and building more than "
          f"{MAX_LAYERS} takes minutes before anything runs: use at most {MAX_LAYERS}"),
         (c.save_checkpoint or c.init_from == 'scratch',
-         "save_checkpoint=False with init_from='resume' would continue a run and save none of it; "
-         "drop one"),
+         f"save_checkpoint=False with init_from={c.init_from!r} would continue a run and save none of "
+         f"it; drop one"),
         (c.batch_size >= 1, f"batch_size={c.batch_size}; use 1 or more sequences a pass"),
         (c.block_size >= 1, f"block_size={c.block_size}; use 1 or more tokens"),
         (c.gradient_accumulation_steps >= 1,
