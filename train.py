@@ -13,8 +13,8 @@ torchrun (tests/test_collectives.py holds this list to the code): where, call, g
   start-up     new_group            cpu_group (gloo; 60-min timeout, rank 0's save): once, every rank
   start-up     DDP                  default: broadcasts rank 0's weights once; then, in the backward
                                     of every step's last pass, all-reduces the gradients (mean)
-  stop_now     all_reduce           cpu_group: MAX of the stop flag, at every step boundary, and
-                                    every 16 pieces of an evaluation
+  stop_now     all_reduce           cpu_group: MAX of the stop flag, at every step boundary,
+                                    after each evaluation and every 16 pieces of one
   evaluate     all_reduce           default: SUM of the validation losses, at each evaluation
   save         all_reduce           default: SUM of the NaN count, before each save
   save         barrier              cpu_group: every rank waits for rank 0's write
@@ -351,9 +351,8 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
         evaluated, best = None, False
         if eval_only or (due and not stopping):
             t_eval = time.time()
-            evaluated = evaluation()
-            if evaluated is None:  # cut short by a stop
-                stopping = stop_now()
+            evaluated = evaluation()  # None: cut short by a stop
+            stopping = stop_now()  # a stop that came during it acts now, not a step later
         if evaluated and eval_only:
             say(f"step {iter_num}: val loss {evaluated[0]:.4f}{evaluated[1]}")
             break
@@ -368,8 +367,9 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
         # 3. save? (the cases: above the loop)
-        if (evaluated and (iter_num > 0 or iter_num == max_iters)) or (iter_num > first_step and (
-                stopping or (ckpt_interval and iter_num % ckpt_interval == 0))):
+        saving = (evaluated and (iter_num > 0 or iter_num == max_iters)) or (iter_num > first_step and (
+            stopping or (ckpt_interval and iter_num % ckpt_interval == 0)))
+        if saving:
             save(best)
         if evaluated:
             say(f"step {iter_num}: val loss {val_loss:.4f}{said} (best {best_val_loss:.4f})")
@@ -381,11 +381,11 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                    else f"past max_time={max_time} s")
             if not save_checkpoint:
                 done = "nothing saved (save_checkpoint=False)"
-            elif iter_num > first_step:
+            elif saving:
                 done = f"saved {run.ckpt_path}; continue with --init_from=resume"
             else:
                 done = f"nothing new to save; {run.kept}"
-            if not signal_number and iter_num == first_step:  # exit 1: a job chain would loop
+            if not signal_number and not saving:  # exit 1: a job chain would loop
                 stop_unsaved(f"{why} at step {iter_num}, before this launch trained a step; "
                              f"raise max_time above the start-up's time")
             say(f"train.py: {why} at step {iter_num}; {done}")
@@ -452,7 +452,7 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                                if s % eval_interval == 0 or s == max_iters]
                 seconds = step_seconds * to_go + pass_seconds * sum(map(eval_passes, evaluations))
                 say(f"about {metrics.duration(seconds)} to go: {to_go} steps of "
-                    f"{metrics.duration(step_seconds)} and {len(evaluations)} evaluations")
+                    f"{metrics.duration(step_seconds)} and {len(evaluations)} evaluation(s)")
                 time_to_go_said = True
             loss_since_log, steps_since_log = torch.zeros((), device=device), 0
             t_log, steps_timed = time.time(), 0
