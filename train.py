@@ -8,24 +8,22 @@ It reads as nanoGPT's train.py: settings, data and get_batch, model and optimize
 evaluate, then the loop. model(x, y) returns the loss alone (nanoGPT: logits and loss). The vrl
 helpers check settings and data, keep out_dir (its lock, the files of a checkpoint and the log) and
 format the log's records; what a step does, and when, is decided here. Every collective under
-torchrun (tests/test_collectives.py holds this list to the code): where, call, group and when.
-  start-up     init_process_group   default group (NCCL on CUDA, else gloo; 10-min timeout): once
-  start-up     new_group            cpu_group (gloo; 60-min timeout, rank 0's save): once, every rank
-  start-up     DDP                  default: broadcasts rank 0's weights once; then, in the backward
-                                    of every step's last pass, all-reduces the gradients (mean)
-  stop_now     all_reduce           cpu_group: MAX of the stop flag, at every step boundary,
-                                    after each evaluation and every 16 pieces of one
-  evaluate     all_reduce           default: SUM of the validation losses, at each evaluation
-  save         all_reduce           default: SUM of the NaN count, before each save
-  save         barrier              cpu_group: every rank waits for rank 0's write
-  loop         all_reduce           default: SUM of the NaN count, at log steps (a CPU's: every step)
-  loop         all_reduce           default: SUM of the training loss, at log steps
-  loop         all_reduce           default: SUM of each rank's peak memory, at log steps on CUDA
-  end          all_reduce           default: MAX of the weights, once (the replicas agree)
-  end          all_reduce           default: MIN of the weights, once
-  end          barrier              default: a run that went well waits for every rank, then
-  end          destroy_process_group  tears down both groups
-  vrl/stops.py:leave_group destroy_process_group  both groups, on an error inside the loop
+torchrun (tests/test_collectives.py holds this list to the code): where, call, group, when.
+  start-up  init_process_group  default group: NCCL on CUDA, else gloo; 10-min timeout; once
+  start-up  new_group           cpu_group: gloo, 60-min timeout (for rank 0's save); once
+  start-up  DDP                 default: broadcasts rank 0's weights, once; then, in the backward of
+                                each step's last pass, all-reduces the gradients (their mean)
+  stop_now  all_reduce          cpu_group, MAX of the stop flag: each step boundary, after each
+                                evaluation, and every 16 pieces of one
+  evaluate  all_reduce          default, SUM of the validation losses: each evaluation
+  save      all_reduce          default, SUM of the NaN count: each save
+  save      barrier             cpu_group: every rank waits for rank 0's write
+  loop      all_reduce x3       default, SUM at log steps: the NaN count (a CPU's: every step),
+                                the training loss, and each rank's peak memory (CUDA only)
+  end       all_reduce x2       default, MAX and MIN of the weights: once (the replicas agree)
+  end       barrier             default: a run that went well waits for every rank, then
+  end       destroy_process_group  tears both groups down (on an error inside the loop: the
+  vrl/stops.py:leave_group destroy_process_group  same, from stops.caught)
 """
 import time
 _launched = time.time()  # max_time counts from here (private: not a setting)
@@ -316,9 +314,8 @@ def evaluation():
     windows = sum(len(places) for _, places in data.val_full.values())
     last_eval |= {'val_loss_full': full_losses[0], 'val_loss_full_domains': full_losses[1],
                   'val_windows_full': windows}
-    if eval_full:
-        return full_losses[0], f" (all {windows:,} windows)"
-    return losses[0], f"; all {windows:,} windows: {full_losses[0]:.4f}"
+    return ((full_losses[0], f" (all {windows:,} windows)") if eval_full else
+            (losses[0], f"; all {windows:,} windows: {full_losses[0]:.4f}"))
 
 def eval_passes(step):  # this rank's passes at step's evaluation (for the time to go)
     sets = [data.val, data.val_full] if scores_every_window(step) else [data.val]
@@ -379,22 +376,21 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
             signal_number, _ = stopping
             why = (f"stopped by {signal.Signals(signal_number).name}" if signal_number
                    else f"past max_time={max_time} s")
-            if not save_checkpoint:
-                done = "nothing saved (save_checkpoint=False)"
-            elif saving:
-                done = f"saved {run.ckpt_path}; continue with --init_from=resume"
-            else:
-                done = f"nothing new to save; {run.kept}"
-            if not signal_number and not saving:  # exit 1: a job chain would loop
+            if not (signal_number or saving):  # exit 1 here: a job chain on exit 0 would loop
                 stop_unsaved(f"{why} at step {iter_num}, before this launch trained a step; "
                              f"raise max_time above the start-up's time")
+            done = ("nothing saved (save_checkpoint=False)" if not save_checkpoint else
+                    f"saved {run.ckpt_path}; continue with --init_from=resume" if saving else
+                    f"nothing new to save; {run.kept}")
             say(f"train.py: {why} at step {iter_num}; {done}")
             sys.exit(128 + signal_number if signal_number else 0)
         if iter_num >= max_iters:
             break
 
         lr = get_lr(iter_num)
-        for group in optimizer.param_groups:  # lr_scale: 1, lr_scales's, or muon_lr / learning_rate
+        # each group's rate: the schedule's x its lr_scale, set by configure_optimizers: 1, an
+        # lr_scales multiplier, or muon_lr / learning_rate for Muon's matrices (its own peak rate)
+        for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_scale']
         # dropout from (seed, step, rank) alone (the batches' seeds never use a negative key; a tuple
         # of ints hashes alike in every process): a resumed run draws the same dropout
@@ -444,15 +440,11 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                 wandb.log(record, step=iter_num)
             progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
             say(line)
-            # the time to go, once an evaluation and steps past the launch's first two (which pay for
-            # allocation and compiling) have been timed
-            if pass_seconds is not None and not time_to_go_said and iter_num - steps_timed >= first_step + 2:
-                step_seconds, to_go = (time.time() - t_log) / steps_timed, max_iters - iter_num
-                evaluations = [s for s in range(iter_num + 1, max_iters + 1)
-                               if s % eval_interval == 0 or s == max_iters]
-                seconds = step_seconds * to_go + pass_seconds * sum(map(eval_passes, evaluations))
-                say(f"about {metrics.duration(seconds)} to go: {to_go} steps of "
-                    f"{metrics.duration(step_seconds)} and {len(evaluations)} evaluation(s)")
+            # the time to go, said once an evaluation and steps past the launch's first two (which
+            # pay for allocation and compiling) have been timed
+            if pass_seconds and not time_to_go_said and iter_num - steps_timed >= first_step + 2:
+                say(metrics.time_to_go((time.time() - t_log) / steps_timed, pass_seconds, eval_passes,
+                                       iter_num, max_iters, eval_interval))
                 time_to_go_said = True
             loss_since_log, steps_since_log = torch.zeros((), device=device), 0
             t_log, steps_timed = time.time(), 0

@@ -89,6 +89,15 @@ def mean_domain_losses(scored):
     return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
 
 
+def time_to_go(step_seconds, pass_seconds, eval_passes, step, max_iters, eval_interval):
+    """train.py's line on the rest of a run: the steps to go at step_seconds each, and the evaluations
+    to go (every eval_interval steps and the last) at pass_seconds a pass, eval_passes(step) each."""
+    evaluations = [s for s in range(step + 1, max_iters + 1) if s % eval_interval == 0 or s == max_iters]
+    seconds = step_seconds * (max_iters - step) + pass_seconds * sum(map(eval_passes, evaluations))
+    return (f"about {duration(seconds)} to go: {max_iters - step} steps of {duration(step_seconds)} and "
+            f"{len(evaluations)} evaluation(s)")
+
+
 def duration(seconds):
     return (f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.1f} min" if seconds >= 90
             else f"{seconds:.3g} s")
