@@ -188,14 +188,12 @@ if ddp:  # a hung or dead rank ends the job in 10 minutes; a trace of NCCL's las
     os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # dumped in /tmp/nccl_trace_rank_*
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
         timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
-    # gloo, on the CPU: the flag never queues behind GPU work, and the one long wait, for rank 0's
-    # write of a checkpoint (20 GB at 1.6B), gets its own timeout
+    # gloo, on the CPU: the stop flag never queues behind GPU work; the long wait, rank 0's save
     cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60))
 amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
 # DDP all-reduces the gradients in the backward, in buckets of a block's gradients or 25 MB (its
-# default), whichever is larger, kept as views of its buckets; it never syncs buffers in forward:
-# ours (RoPE, fixed λ) never change
+# default) if larger, kept as views of its buckets; it never syncs buffers in forward: ours never change
 block_mb = 4 * sum(p.numel() for p in raw_model.blocks[0].parameters()) / 2 ** 20
 no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
     else 'broadcast_buffers'  # (newer torch renamed it)
@@ -299,23 +297,12 @@ def scores_every_window(step):  # not at step 0 (random weights), but at the end
     return bool(data.val_full) and (eval_full and step > 0 or step == max_iters or eval_only)
 
 def evaluation():
-    """Evaluate this step: the sample of validation windows, then every window where asked. Sets
-    last_eval; returns (its headline loss, the line's words on every window), or None if a stop cut
-    it short. The headline: the whole split's loss where every evaluation scores it (the paper's)."""
-    global last_eval
+    """This step's evaluation: (the sample's losses, every window's where asked, else None), or None
+    if a stop cut it short (evaluate's losses: (mean over domains, {domain: loss} or None))."""
     full = scores_every_window(iter_num)
     losses = evaluate(data.val)
     full_losses = evaluate(data.val_full) if full and losses else None
-    if losses is None or full and full_losses is None:
-        return None
-    last_eval = {'step': iter_num, 'val_loss': losses[0], 'val_loss_domains': losses[1]}
-    if not full:
-        return losses[0], ""
-    windows = sum(len(places) for _, places in data.val_full.values())
-    last_eval |= {'val_loss_full': full_losses[0], 'val_loss_full_domains': full_losses[1],
-                  'val_windows_full': windows}
-    return ((full_losses[0], f" (all {windows:,} windows)") if eval_full else
-            (losses[0], f"; all {windows:,} windows: {full_losses[0]:.4f}"))
+    return None if losses is None or full and full_losses is None else (losses, full_losses)
 
 def eval_passes(step):  # this rank's passes at step's evaluation (for the time to go)
     sets = [data.val, data.val_full] if scores_every_window(step) else [data.val]
@@ -350,11 +337,13 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
             t_eval = time.time()
             evaluated = evaluation()  # None: cut short by a stop
             stopping = stop_now()  # a stop that came during it acts now, not a step later
-        if evaluated and eval_only:
-            say(f"step {iter_num}: val loss {evaluated[0]:.4f}{evaluated[1]}")
-            break
-        if evaluated:
-            val_loss, said = evaluated
+        if evaluated:  # the headline: the whole split's where every evaluation scores it (the paper's)
+            losses, full_losses = evaluated
+            val_loss = full_losses[0] if eval_full and full_losses else losses[0]
+            last_eval, said = metrics.eval_record(iter_num, losses, full_losses, data.val_full, eval_full)
+            if eval_only:
+                say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
+                break
             if not math.isfinite(val_loss):
                 stop_unsaved(f"validation loss {val_loss} at step {iter_num}")
             best, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)

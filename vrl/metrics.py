@@ -73,6 +73,20 @@ def step_record(step, loss, grad_norm, lr, tokens_per_sec, grad_norms, model, co
                     f"tok/s{mfu}{memory}")
 
 
+def eval_record(step, losses, full_losses, full_sets, every_window):
+    """An evaluation's record for log.jsonl, and its line's words on the whole split: losses are the
+    validation sample's (mean over domains, {domain: loss} or None for one split), full_losses every
+    window's of full_sets where this evaluation scored them, else None; every_window: eval_full's."""
+    record = {'step': step, 'val_loss': losses[0], 'val_loss_domains': losses[1]}
+    if not full_losses:
+        return record, ""
+    windows = sum(len(places) for _, places in full_sets.values())
+    record |= {'val_loss_full': full_losses[0], 'val_loss_full_domains': full_losses[1],
+               'val_windows_full': windows}
+    return record, (f" (all {windows:,} windows)" if every_window else
+                    f"; all {windows:,} windows: {full_losses[0]:.4f}")
+
+
 def grad_norms(model):
     """{name: norm} of every parameter's gradient (lab/bench.py's, tests'): one fused kernel per dtype."""
     named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
@@ -90,9 +104,10 @@ def mean_domain_losses(scored):
 
 
 def time_to_go(step_seconds, pass_seconds, eval_passes, step, max_iters, eval_interval):
-    """train.py's line on the rest of a run: the steps to go at step_seconds each, and the evaluations
-    to go (every eval_interval steps and the last) at pass_seconds a pass, eval_passes(step) each."""
-    evaluations = [s for s in range(step + 1, max_iters + 1) if s % eval_interval == 0 or s == max_iters]
+    """train.py's line on the rest of a run, said at step's log (before its boundary): the steps to go at
+    step_seconds each, and the evaluations to go (every eval_interval steps and the last, this step's
+    included) at pass_seconds a pass, eval_passes(step) each."""
+    evaluations = [s for s in range(step, max_iters + 1) if s % eval_interval == 0 or s == max_iters]
     seconds = step_seconds * (max_iters - step) + pass_seconds * sum(map(eval_passes, evaluations))
     return (f"about {duration(seconds)} to go: {max_iters - step} steps of {duration(step_seconds)} and "
             f"{len(evaluations)} evaluation(s)")
