@@ -184,8 +184,10 @@ if wandb_log and master_process:  # before the process group: a slow login keeps
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 cpu_group = None  # the stop flag's and the save's group (stop_now, save)
-if ddp:  # a hung or dead rank ends the job in 10 minutes; a trace of NCCL's last collectives is
-    os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # dumped in /tmp/nccl_trace_rank_*
+if ddp:  # a hung or dead rank ends the job in 10 minutes, and on CUDA NCCL's flight recorder
+    if device_type == 'cuda':  # dumps each rank's last 2,000 collectives (/tmp/nccl_trace_rank_*)
+        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if torch.__version__ >= '2.8' else
+                              'TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # (its name before torch 2.8)
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
         timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
     # gloo, on the CPU: the stop flag never queues behind GPU work; the long wait, rank 0's save

@@ -732,11 +732,23 @@ def test_a_stop_on_a_ckpt_interval_step_saves_once(workdir, monkeypatch):
     assert result.returncode == 128 + signal.SIGTERM and saved == [4, 8]
 
 
+SLOW_START = """import os, runpy, sys, time
+import tqdm  # keeps the real clock
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+readings = iter(range(0, 10 ** 9, 10))
+time.time = lambda: next(readings)  # ten seconds at every reading: a start-up longer than max_time
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
 def test_max_time_before_a_launchs_first_step_exits_1(workdir):
     """max_time that passes before this launch trains a step (a start-up longer than it): exit 1 in one
     line that says why, so that a job chain resubmitting on exit 0 does not loop without progress."""
-    result = train(workdir, '--out_dir=out_max_time_no_step', *LONG, '--max_time=1e-9', check=False)
-    one_line_error(result, 'train.py: past max_time=1e-09 s at step 0, before this launch trained a step; '
+    (workdir / 'slow_start.py').write_text(SLOW_START)
+    result = run([workdir / 'slow_start.py', REPO / 'train.py', *TINY, *LONG, '--max_time=5',
+                  '--out_dir=out_max_time_no_step'], workdir, check=False)
+    one_line_error(result, 'train.py: past max_time=5 s at step 0, before this launch trained a step; '
                    'raise max_time above the start-up')
     assert result.returncode == 1 and not (workdir / 'out_max_time_no_step').exists()
 
@@ -1154,8 +1166,9 @@ def test_a_full_disk_or_bad_data_mid_run_stops_with_one_line(workdir, monkeypatc
     tokens.tofile(bad / 'train.bin')
     result = train(workdir, '--out_dir=out_badtoken', '--dataset=badtoken_char', '--max_iters=8', check=False)
     one_line_error(result, 'train.py: data/badtoken_char holds token id 60000, outside its vocabulary',
-                   'python prepare.py', 'no checkpoint written')  # step 0's batch
-    assert not (workdir / 'out_badtoken').exists()  # it made the folder and wrote nothing: no lock left
+                   'python prepare.py', 'no checkpoint written')  # step 0's batch, after its evaluation
+    assert [r['step'] for r in records(workdir, 'out_badtoken')] == [0]
+    assert not list((workdir / 'out_badtoken').glob('*.pt'))
 
 
 def test_a_full_disk_at_a_checkpoint_says_so_and_leaves_no_partial_file(workdir, monkeypatch):
@@ -1739,29 +1752,30 @@ def init(self, *args, **kwargs):
     self.register_comm_hook(None, noting_hook)
 torch.nn.parallel.DistributedDataParallel.__init__ = init
 forward = model.GPT.forward
-def watched(self, *args, **kwargs):  # after the first update: is every gradient a view into a bucket?
-    if updates:
+def watched(self, *args, **kwargs):  # after the second update: is every gradient a view into a bucket?
+    if updates >= 2:
         seen.append(all(p.grad is not None and p.grad.untyped_storage().data_ptr() in buckets
                         for p in self.parameters() if p.requires_grad))
     return forward(self, *args, **kwargs)
 model.GPT.forward = watched
 runpy.run_path(sys.argv[0], run_name='__main__')
-print(f"rank {os.environ['RANK']}: views at {sum(seen)} of {len(seen)} forward passes after step 1")
+print(f"rank {os.environ['RANK']}: views at {sum(seen)} of {len(seen)} forward passes after step 2")
 """
 
 
 def test_ddp_gradients_stay_views_into_its_buckets(workdir):
-    """Under DDP (gradient_as_bucket_view), from the first update on, every parameter's gradient lives in one
-    of DDP's buckets at every forward pass, passes without a sync included: zeroed, never freed, so no step
-    allocates a second copy of the gradients for DDP to copy in."""
+    """Under DDP (gradient_as_bucket_view), every parameter's gradient lives in one of DDP's buckets at every
+    forward pass, passes without a sync included: zeroed, never freed, so no step allocates a second copy of
+    the gradients for DDP to copy in. Checked from the second update on: DDP rebuilds its buckets once, in the
+    second step's forward, and the script learns where they live from the all-reduce at that step's end."""
     script = workdir / 'grad_views.py'
     script.write_text(GRAD_VIEWS)
     result = torchrun(workdir, *TINY, '--max_iters=3', '--eval_interval=3', '--gradient_accumulation_steps=4',
                       '--batch_size=2', '--eval_iters=8', '--out_dir=out_views',
                       script=(script, REPO / 'train.py'))
-    # steps 2 and 3: 2 passes of 2 sequences a rank; at step 3, 16 validation windows: 4 passes of 2 a rank
+    # step 3 (the last): 2 passes of 2 sequences a rank; then 16 validation windows: 4 passes of 2 a rank
     for rank in (0, 1):
-        assert f'rank {rank}: views at 8 of 8 forward passes after step 1' in result.stdout, result.stdout
+        assert f'rank {rank}: views at 6 of 6 forward passes after step 2' in result.stdout, result.stdout
 
 
 def test_the_compiled_training_step_makes_no_logits_gradient():
@@ -1788,8 +1802,9 @@ def test_the_compiled_training_step_makes_no_logits_gradient():
 
 
 def test_the_checkpoint_a_run_starts_from_is_not_written_again(workdir, monkeypatch):
-    """The evaluation at a run's first step (step 0, or the step resumed from) writes no checkpoint: at 1.6B
-    one is about 20 GB, of weights just initialized or just loaded."""
+    """A fresh run's step 0 evaluation writes no checkpoint (at 1.6B one is about 20 GB, of weights the
+    seed makes again), and a run resumed from a checkpoint that holds its step's evaluation neither repeats
+    it nor writes that step again (test_a_stop_at_or_in_an_evaluation_loses_no_best_weights: one without)."""
     saved, save = [], run_folder.RunFolder.save
     monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best: (
         saved.append(checkpoint['iter_num']), save(run, checkpoint, best)))

@@ -1,7 +1,7 @@
 """Tests for vrl's small parts: the lock (one holder, named when refused, freed when its holder is killed),
-the one-line argparse errors, the mean per-domain losses, the reader thread's device, the timed update at
-rate 0, the gradient norms, out-of-memory errors and a rank ended by its peer's failure; open_dataset's
-checks, settings.check, the whole-checkpoint checksum and old checkpoints' names."""
+the one-line argparse errors, the mean per-domain losses, the reader thread's device, the gradient norms,
+out-of-memory errors and a rank ended by its peer's failure; open_dataset's checks, settings.check, the
+whole-checkpoint checksum and old checkpoints' names."""
 
 import ast
 import errno
