@@ -1,6 +1,6 @@
 """
-The numbers a run reports: each logged step's record and line, with MFU against one GPU's peak
-(PEAK_TFLOPS), and durations as train.py's time to go says them.
+The numbers a run reports: each logged step's and each evaluation's record and line, with MFU against
+one GPU's peak (PEAK_TFLOPS), and train.py's time to go.
 """
 import torch
 
