@@ -28,7 +28,7 @@ from ablations import BASELINES, AblationConfig, build_model
 from configurator import configure
 from model import GPT, VARIANTS, GPTConfig
 from testing import run_script, train_defaults
-from vrl import locks, metrics, run_folder, settings
+from vrl import locks, run_folder, settings
 from vrl.optim import configure_optimizers
 from vrl.run_folder import load_checkpoint
 
