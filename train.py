@@ -5,13 +5,25 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
 It reads as nanoGPT's train.py: settings, data and get_batch, model and optimizer, the schedule,
-evaluate, then the loop. Under torchrun every collective is written out below: each step, DDP's
-gradient all-reduce (in the last pass's backward) and the stop flag's MAX all-reduce (every rank
-stops at the same step); a log step adds the loss's and the NaN count's (on a CPU, every step); an
-evaluation, the validation sums' and a stop poll every 16 pieces; a save, a barrier for rank 0's
-write; the run's end, two all-reduces that check the replicas agree. The start-up estimate runs real
-steps (and their all-reduces) at rate 0. The vrl helpers check settings and data, keep out_dir safe
-and say what a run will cost. model(x, y) returns the loss alone (nanoGPT: logits and loss).
+evaluate, then the loop. model(x, y) returns the loss alone (nanoGPT: logits and loss). The vrl
+helpers check settings and data, keep out_dir (its lock, the files of a checkpoint and the log) and
+format the log's records; what a step does, and when, is decided here. Every collective under
+torchrun (tests/test_collectives.py holds this list to the code): where, call, group, when.
+  start-up  init_process_group  default group: NCCL on CUDA, else gloo; 10-min timeout; once
+  start-up  new_group           cpu_group: gloo, 60-min timeout (for rank 0's save); once
+  start-up  DDP                 default: broadcasts rank 0's weights, once; then, in the backward of
+                                each step's last pass, all-reduces the gradients (their mean)
+  stop_now  all_reduce          cpu_group, MAX of the stop flag: each step boundary, after each
+                                evaluation, and every 16 pieces of one
+  evaluate  all_reduce          default, SUM of the validation losses: each evaluation
+  save      all_reduce          default, SUM of the NaN count: each save
+  save      barrier             cpu_group: every rank waits for rank 0's write
+  loop      all_reduce x3       default, SUM at log steps: the NaN count (a CPU's: every step),
+                                the training loss, and each rank's peak memory (CUDA only)
+  end       all_reduce x2       default, MAX and MIN of the weights: once (the replicas agree)
+  end       barrier             default: a run that went well waits for every rank, then
+  end       destroy_process_group  tears both groups down (on an error inside the loop: the
+  vrl/stops.py:leave_group destroy_process_group  same, from stops.caught)
 """
 import time
 _launched = time.time()  # max_time counts from here (private: not a setting)
@@ -25,7 +37,7 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from datetime import timedelta
 
 import numpy as np
@@ -107,11 +119,8 @@ global_batch = gradient_accumulation_steps * batch_size  # sequences a step, on 
 tokens_per_iter = global_batch * block_size
 data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order, max_iters,
                     global_batch, eval_iters, batch_size, eval_full)  # prepare.py's, checked
-try:  # the model: AblationConfig's fields of the settings, the vocabulary padded (faster matmuls)
-    model_config = AblationConfig(**{f.name: config[f.name] for f in fields(AblationConfig) if
-                                     f.name in config}, vocab_size=-(-data.meta['vocab_size'] // 64) * 64)
-except (TypeError, ValueError) as e:
-    raise SystemExit(f"train.py: bad model settings: {e}") from None
+# the model: AblationConfig of the settings' fields, the vocabulary padded to a multiple of 64
+model_config = settings.model_config(config, data.meta['vocab_size'])  # bad fields: one line
 device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)  # torchrun: cuda:LOCAL_RANK
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
                            saves=save_checkpoint)  # out_dir's lock first, then the checks under it
@@ -168,20 +177,25 @@ try:  # lr_scales naming what is not a parameter of this model: one line
                                            lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
 except ValueError as e:
     raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
-if run.resuming:
-    optimizer.load_state_dict(ckpt['optimizer'])
-    scaler.load_state_dict(ckpt['scaler'])
+if run.resuming:  # a state that does not fit this optimizer: one line
+    run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)
     del ckpt  # memory-mapped: let go of it
 if wandb_log and master_process:  # before the process group: a slow login keeps the others waiting
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-if ddp:  # a long timeout: every rank waits for rank 0's slowest work, a checkpoint's write
+cpu_group = None  # the stop flag's and the save's group (stop_now, save)
+if ddp:  # a hung or dead rank ends the job in 10 minutes, and on CUDA NCCL's flight recorder
+    if device_type == 'cuda':  # dumps each rank's last 2,000 collectives (/tmp/nccl_trace_rank_*)
+        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if torch.__version__ >= '2.8' else
+                              'TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # (its name before torch 2.8)
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
-        timeout=timedelta(minutes=60), device_id=torch.device(device) if device_type == 'cuda' else None)
+        timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
+    # gloo, on the CPU: the stop flag never queues behind GPU work; the long wait, rank 0's save
+    cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60))
 amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
-# DDP all-reduces the gradients in the backward, in buckets of about a block's gradients (kept as
-# views of its buckets), and never syncs buffers in forward: ours (RoPE, fixed λ) never change
+# DDP all-reduces the gradients in the backward, in buckets of a block's gradients or 25 MB (its
+# default) if larger, kept as views of its buckets; it never syncs buffers in forward: ours never change
 block_mb = 4 * sum(p.numel() for p in raw_model.blocks[0].parameters()) / 2 ** 20
 no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
     else 'broadcast_buffers'  # (newer torch renamed it)
@@ -208,11 +222,11 @@ def get_lr(it):
 
 def stop_now():
     """(signal number, past max_time) if a stop signal reached any rank or this launch ran past
-    max_time, else None. All ranks agree (a MAX all-reduce), so all stop at the same step. It goes
-    over stop.group, a gloo group on the CPU where NCCL is the default (vrl/stops.py)."""
+    max_time, else None. All ranks agree (a MAX all-reduce over cpu_group), so all stop at the same
+    step."""
     flag = torch.tensor([stop.signal, max_time > 0 and time.time() - _launched > max_time])
-    if ddp:  # on a gloo group: the CPU's, never waiting for queued GPU work
-        all_reduce(flag, op=ReduceOp.MAX, group=stop.group)
+    if ddp:
+        all_reduce(flag, op=ReduceOp.MAX, group=cpu_group)
     return (int(flag[0]), bool(flag[1])) if flag.any() else None
 
 def eval_loss(sets, piece):
@@ -279,10 +293,30 @@ def save(best=False):
         stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
     run.save(checkpoint(), best)
     if ddp:
-        barrier(group=stop.group)
+        barrier(group=cpu_group)
+
+def scores_every_window(step):  # not at step 0 (random weights), but at the end and in eval_only
+    return bool(data.val_full) and (eval_full and step > 0 or step == max_iters or eval_only)
+
+def evaluation():
+    """This step's evaluation: (the sample's losses, every window's where asked, else None), or None
+    if a stop cut it short (evaluate's losses: (mean over domains, {domain: loss} or None))."""
+    full = scores_every_window(iter_num)
+    losses = evaluate(data.val)
+    full_losses = evaluate(data.val_full) if full and losses else None
+    return None if losses is None or full and full_losses is None else (losses, full_losses)
+
+def eval_passes(step):  # this rank's passes at step's evaluation (for the time to go)
+    sets = [data.val, data.val_full] if scores_every_window(step) else [data.val]
+    return sum(len(pieces(s)[ddp_rank::ddp_world_size]) for s in sets)
 
 # -----------------------------------------------------------------------------
-# the loop: at a step boundary stop if asked, evaluate and save every eval_interval steps, then train
+# the loop. At each step boundary, in this order: 1. stop? 2. evaluate? 3. save? 4. exit? then
+# train the step. ckpt.pt is written only in 3, at most once a boundary, never of a step whose loss
+# or gradient became NaN or inf (save), in three cases: after an evaluation (not a fresh run's
+# step 0, the seed's weights, unless it is the last), with best.pt a copy of it where that
+# evaluation's loss is the best yet; at a ckpt_interval step; at a stop (a signal, or max_time).
+# The last two only past the step this launch started from: ckpt.pt holds that one already.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
@@ -290,68 +324,64 @@ progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, m
 # thread would start on GPU 0, and every rank would open a context there, as DataLoader's pin thread does)
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
                             initargs=(device,))
-with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop waits for a step
-    if not eval_only and iter_num < max_iters:  # the run's cost, from updates at rate 0: unchanged
-        val_pieces = pieces(data.val)[ddp_rank::ddp_world_size]
-        metrics.estimate_time(lambda: forward_backward(get_batch(iter_num)),
-                              lambda: val_pieces and eval_loss(data.val, val_pieces[0]),
-                              (len(val_pieces), len(pieces(data.val_full)) // ddp_world_size), amp,
-                              model, optimizer, compiled, device_type == 'cuda',
-                              (iter_num, max_iters, eval_interval), tokens_per_iter, say, eval_full)
-        progress.unpause()
-    t_log, steps_timed = time.time(), 0
+with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a step boundary
+    t_log, steps_timed = time.time(), 0  # the wall clock of the steps since a log or evaluation
+    pass_seconds, time_to_go_said = None, False  # an evaluation's time a pass, once timed
     while True:
+        # 1. stop? A signal to any rank, or past max_time: every rank agrees (stop_now)
         stopping = stop_now()
-        at_eval = iter_num % eval_interval == 0 or iter_num == max_iters
-        if eval_only or at_eval and not stopping and (last_eval or {}).get('step') != iter_num:
-            # every window too where asked (not at step 0: random weights), and at the end
-            full = data.val_full and (eval_full and iter_num > 0 or iter_num == max_iters or eval_only)
-            losses = evaluate(data.val)
-            full_losses = evaluate(data.val_full) if full and losses else None
-            if losses is None or full and full_losses is None:  # cut short by a stop
-                stopping = stop_now()
-            else:  # the headline: the whole split's loss where every evaluation scores it (the paper's)
-                val_loss = full_losses[0] if full_losses and eval_full else losses[0]
-                last_eval = {'step': iter_num, 'val_loss': losses[0], 'val_loss_domains': losses[1]}
-                if full_losses:
-                    last_eval |= {'val_loss_full': full_losses[0],
-                                  'val_loss_full_domains': full_losses[1],
-                                  'val_windows_full': sum(len(p) for _, p in data.val_full.values())}
-                said = "" if not full_losses else f" (all {last_eval['val_windows_full']:,} windows)" \
-                    if eval_full else f"; all {last_eval['val_windows_full']:,} windows: {full_losses[0]:.4f}"
-                if eval_only:
-                    say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
-                    break
-                if not math.isfinite(val_loss):
-                    stop_unsaved(f"validation loss {val_loss} at step {iter_num}")
-                best, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
-                last_eval['best_val_loss'] = best_val_loss
-                run.log(last_eval)
-                if wandb_log and master_process:
-                    wandb.log(last_eval, step=iter_num)
-                if iter_num > first_step or iter_num == max_iters:  # not the weights it started from
-                    save(best)
-                say(f"step {iter_num}: val loss {val_loss:.4f}{said} (best {best_val_loss:.4f})")
-                t_log, steps_timed = time.time(), 0  # the evaluation's time is not training's
-        elif ckpt_interval and iter_num % ckpt_interval == 0 and iter_num > first_step:
-            save()
-        if stopping:  # a stop signal, or max_time: save this step and exit
-            signal_number, past_max_time = stopping
-            saved = iter_num > first_step and save_checkpoint
-            if saved:
-                save()
-            why = f"stopped by {signal.Signals(signal_number).name}" if signal_number \
-                else f"past max_time={max_time} s"
-            say(f"train.py: {why} at step {iter_num}; "
-                + (f"saved {run.ckpt_path}; continue with --init_from=resume" if saved
-                   else f"nothing new to save; {run.kept}" if save_checkpoint
-                   else "nothing saved (save_checkpoint=False)"))
+        # 2. evaluate? Every eval_interval steps and at the last, unless stopping or done already
+        # (a run resumed from a checkpoint of this step, written after its evaluation)
+        due = (iter_num % eval_interval == 0 or iter_num == max_iters) \
+            and (last_eval or {}).get('step') != iter_num
+        evaluated, best = None, False
+        if eval_only or (due and not stopping):
+            t_eval = time.time()
+            evaluated = evaluation()  # None: cut short by a stop
+            stopping = stop_now()  # a stop that came during it acts now, not a step later
+        if evaluated:  # the headline: the whole split's where every evaluation scores it (the paper's)
+            losses, full_losses = evaluated
+            val_loss = full_losses[0] if eval_full and full_losses else losses[0]
+            last_eval, said = metrics.eval_record(iter_num, losses, full_losses, data.val_full, eval_full)
+            if eval_only:
+                say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
+                break
+            if not math.isfinite(val_loss):
+                stop_unsaved(f"validation loss {val_loss} at step {iter_num}")
+            best, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
+            last_eval['best_val_loss'] = best_val_loss
+            run.log(last_eval)
+            if wandb_log and master_process:
+                wandb.log(last_eval, step=iter_num)
+            pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
+        # 3. save? (the cases: above the loop)
+        saving = (evaluated and (iter_num > 0 or iter_num == max_iters)) or (iter_num > first_step and (
+            stopping or (ckpt_interval and iter_num % ckpt_interval == 0)))
+        if saving:
+            save(best)
+        if evaluated:
+            say(f"step {iter_num}: val loss {val_loss:.4f}{said} (best {best_val_loss:.4f})")
+            t_log, steps_timed = time.time(), 0  # the evaluation's time is not training's
+        # 4. exit? At a stop, or at the end
+        if stopping:
+            signal_number, _ = stopping
+            why = (f"stopped by {signal.Signals(signal_number).name}" if signal_number
+                   else f"past max_time={max_time} s")
+            if not (signal_number or saving):  # exit 1 here: a job chain on exit 0 would loop
+                stop_unsaved(f"{why} at step {iter_num}, before this launch trained a step; "
+                             f"raise max_time above the start-up's time")
+            done = ("nothing saved (save_checkpoint=False)" if not save_checkpoint else
+                    f"saved {run.ckpt_path}; continue with --init_from=resume" if saving else
+                    f"nothing new to save; {run.kept}")
+            say(f"train.py: {why} at step {iter_num}; {done}")
             sys.exit(128 + signal_number if signal_number else 0)
         if iter_num >= max_iters:
             break
 
         lr = get_lr(iter_num)
-        for group in optimizer.param_groups:  # lr_scale: 1, lr_scales's, or muon_lr / learning_rate
+        # each group's rate: the schedule's x its lr_scale, set by configure_optimizers: 1, an
+        # lr_scales multiplier, or muon_lr / learning_rate for Muon's matrices (its own peak rate)
+        for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_scale']
         # dropout from (seed, step, rank) alone (the batches' seeds never use a negative key; a tuple
         # of ints hashes alike in every process): a resumed run draws the same dropout
@@ -401,6 +431,12 @@ with stop.caught(ddp, device_type, run), progress, reader:  # from here a stop w
                 wandb.log(record, step=iter_num)
             progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
             say(line)
+            # the time to go, said once an evaluation and steps past the launch's first two (which
+            # pay for allocation and compiling) have been timed
+            if pass_seconds and not time_to_go_said and iter_num - steps_timed >= first_step + 2:
+                say(metrics.time_to_go((time.time() - t_log) / steps_timed, pass_seconds, eval_passes,
+                                       iter_num, max_iters, eval_interval))
+                time_to_go_said = True
             loss_since_log, steps_since_log = torch.zeros((), device=device), 0
             t_log, steps_timed = time.time(), 0
     if ddp:  # DDP keeps the replicas identical: checked once, at the end

@@ -12,7 +12,7 @@ one process and they take turns, round by round, so noise from the machine hits 
     python lab/bench.py --logits_cost --shape=82m --device=cpu --rounds=5   # the training forward's logits' cost
     python lab/bench.py --node_check --nproc=8       # a fresh 8-GPU node, before a long job (docs/training.md)
     python lab/bench.py --link_check --rdzv_endpoint=node0:29500   # on each of 2 nodes: the links between them
-    python lab/bench.py --estimate_check --device=cpu    # train.py's start-up estimate against its real steps
+    python lab/bench.py --estimate_check --device=cpu    # train.py's time to go against its real steps
     python lab/bench.py --save_cost                  # what a checkpoint save costs at each config's size
 
 Prints markdown tables (the settings overridden and the progress go to stderr) and writes them, with every
@@ -109,7 +109,7 @@ link_check = False  # the probe alone, under one torchrun over nnodes nodes (run
 #   matmul and health, and the all-reduce over the links between the nodes
 nnodes = 2  # nodes the link check spans
 rdzv_endpoint = ''  # HOST:PORT where the nodes meet (torchrun's c10d rendezvous), e.g. node0:29500
-# --estimate_check: instead of the benchmark, train.py's start-up "about X a step" against its measured steps
+# --estimate_check: instead of the benchmark, train.py's "to go: N steps of X" against its measured steps
 estimate_check = False  # run train.py at each of estimate_configs for estimate_iters steps, on device
 estimate_configs = ('', 'config/small_ablation.py', 'config/small_svformer.py')  # '' = train.py's defaults
 estimate_iters = 100  # steps a run; the measured mean leaves out the first 10 (the first log record)
@@ -932,8 +932,9 @@ def seconds(number, unit):
 
 
 def estimate_against_steps(config_file):
-    """(estimated, measured) seconds a step of train.py with config_file ('' for its defaults): its start-up
-    estimate, and the mean of its logged steps after the first log record (the first steps pay warm-up)."""
+    """(estimated, measured) seconds a step of train.py with config_file ('' for its defaults): its
+    time to go's seconds a step, and the mean of its logged steps after the first log record (the first
+    steps pay warm-up)."""
     with tempfile.TemporaryDirectory() as out_dir:
         command = [sys.executable, os.path.join(HERE, 'train.py'), *([config_file] if config_file else []),
                    f'--device={device}', f'--dtype={dtype}', f'--max_iters={estimate_iters}',
@@ -943,7 +944,7 @@ def estimate_against_steps(config_file):
         if run.returncode:
             raise SystemExit(f"bench.py: estimate check: `{shlex.join(command[1:])}` failed: "
                              f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
-        estimated = re.search(r'^about ([\d.]+) (s|min|h) a step', run.stdout, re.M)
+        estimated = re.search(r'to go: \d+ steps of ([\d.]+) (s|min|h)', run.stdout)
         tokens = int(re.search(r'([\d,]+) tokens per step', run.stdout)[1].replace(',', ''))
         steps = [r for r in log_records(out_dir) if 'tokens_per_sec' in r][1:]
     if not steps:

@@ -1,7 +1,7 @@
 """Tests for vrl's small parts: the lock (one holder, named when refused, freed when its holder is killed),
-the one-line argparse errors, the mean per-domain losses, the reader thread's device, the timed update at
-rate 0, the gradient norms, out-of-memory errors and a rank ended by its peer's failure; open_dataset's
-checks, settings.check, the whole-checkpoint checksum and old checkpoints' names."""
+the one-line argparse errors, the mean per-domain losses, the reader thread's device, the gradient norms,
+out-of-memory errors and a rank ended by its peer's failure; open_dataset's checks, settings.check, the
+whole-checkpoint checksum and old checkpoints' names."""
 
 import ast
 import errno
@@ -219,35 +219,6 @@ def test_the_reader_thread_sets_the_ranks_device_before_any_work(monkeypatch):
         with scope['reader'] as reader:
             assert reader.submit(lambda: 'read').result() == 'read'
         assert calls == [('cuda:3', False)]  # a CPU run's thread touches no CUDA device
-
-
-@pytest.mark.parametrize('muon', [False, True])
-def test_a_zero_rate_update_changes_no_weight_and_leaves_no_state(muon):
-    """The cost estimate times one update at rate 0 on zeroed gradients: the weights stay bit for bit,
-    clear_state forgets the moments it made, and the next update equals a fresh optimizer's first."""
-    from model import GPT, GPTConfig
-    from vrl import optim
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16,
-                          variant='resformer_learnable'))
-    twin = GPT(model.config)
-    twin.load_state_dict(model.state_dict())
-    make = lambda m: optim.configure_optimizers(m, 0.1, 1e-2, (0.9, 0.95), 'cpu',
-                                                muon=(0.02, 'original') if muon else None)
-    optimizer, fresh = make(model), make(twin)
-    x = torch.randint(64, (2, 16))
-    model(x, x).backward()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    optim.zero_rate_step(optimizer)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert optim.has_state(optimizer) and all(p.grad.abs().sum() == 0 for p in model.parameters())
-    optim.clear_state(optimizer)
-    assert not optim.has_state(optimizer)
-    for m, o in ((model, optimizer), (twin, fresh)):
-        o.zero_grad()
-        m(x, x).backward()
-        o.step()
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
 
 
 def test_gradient_norms_are_each_parameters():

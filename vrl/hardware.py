@@ -112,7 +112,8 @@ def check_fits(needed, device, what, fix):
 def min_params(cfg):
     """Lower bounds on GPT(cfg)'s parameters, (all, those in the blocks), from the shape alone, in no time at
     any size (building even a 'meta' model of 100,000 layers takes minutes): every layer's W_Q, W_O and
-    SwiGLU MLP, and the embedding, twice unless tied. K, V, norms, λ and token tables come on top."""
+    SwiGLU MLP, the embedding and the output layer (untied, as model.py's GPT). K, V, norms, λ and token
+    tables come on top."""
     blocks = cfg.n_layer * (2 * cfg.n_embd ** 2 + 3 * cfg.n_embd * cfg.ffn_hidden)
     return blocks + cfg.vocab_size * cfg.n_embd * 2, blocks
 
@@ -120,7 +121,7 @@ def min_params(cfg):
 def needs_gpu(model_config, block_size, tokens):
     """Why a run of model_config on this many tokens must not fall back to the CPU when device='auto' finds no
     GPU (a CUDA wheel the driver is too old for looks just like that), or None: training it would take over a
-    day at 1 TFLOP/s, a fast CPU's pace, by GPT.flops_per_token's formula on min_params's count. Every CPU
+    day at 1 TFLOP/s, a fast CPU's pace, by vrl/metrics.py's flops_per_token formula on min_params's count. Every CPU
     config here takes 1e13-1e14 FLOPs, every GPU one 1e18 or more."""
     cfg = model_config
     flops = (6 * min_params(cfg)[1] + 6 * cfg.n_layer * cfg.n_embd * block_size) * tokens

@@ -1,13 +1,8 @@
 """
-The numbers a run reports: each logged step's record and line, with MFU against one GPU's peak
-(PEAK_TFLOPS), and, before any long work, what the run will cost (estimate_time).
+The numbers a run reports: each logged step's and each evaluation's record and line, with MFU against
+one GPU's peak (PEAK_TFLOPS), and train.py's time to go.
 """
-import statistics
-import time
-
 import torch
-
-from vrl import optim
 
 
 # One GPU's dense bf16 tensor-core peak in TFLOP/s, for train.py's MFU and beside bench.py's measured matmul
@@ -78,6 +73,20 @@ def step_record(step, loss, grad_norm, lr, tokens_per_sec, grad_norms, model, co
                     f"tok/s{mfu}{memory}")
 
 
+def eval_record(step, losses, full_losses, full_sets, every_window):
+    """An evaluation's record for log.jsonl, and its line's words on the whole split: losses are the
+    validation sample's (mean over domains, {domain: loss} or None for one split), full_losses every
+    window's of full_sets where this evaluation scored them, else None; every_window: eval_full's."""
+    record = {'step': step, 'val_loss': losses[0], 'val_loss_domains': losses[1]}
+    if not full_losses:
+        return record, ""
+    windows = sum(len(places) for _, places in full_sets.values())
+    record |= {'val_loss_full': full_losses[0], 'val_loss_full_domains': full_losses[1],
+               'val_windows_full': windows}
+    return record, (f" (all {windows:,} windows)" if every_window else
+                    f"; all {windows:,} windows: {full_losses[0]:.4f}")
+
+
 def grad_norms(model):
     """{name: norm} of every parameter's gradient (lab/bench.py's, tests'): one fused kernel per dtype."""
     named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
@@ -94,69 +103,14 @@ def mean_domain_losses(scored):
     return {d: sum(s[d] for s in scored) / len(scored) for d in sorted(scored[0])}
 
 
-TIMED_PASSES = 5  # the training steps the estimate times, after two untimed ones (three if compiled)
-
-
-def estimate_time(train_step, eval_batch, counts, amp, model, optimizer, compiled, cuda, schedule,
-                  tokens_per_step, say, every_window=False):
-    """Say what the run will cost before any long work, from train_step() (the step's forward and backward
-    passes as training runs them: under DDP one all-reduce, in the last micro-batch's backward) followed by
-    an update at rate 0 on zeroed gradients (optim.zero_rate_step: the update's kernels and memory, the
-    weights unchanged; its optimizer state is then cleared, so a fresh run's first update is still its
-    first), and from eval_batch(), timed on every rank. A resumed run's update, whose optimizer state must
-    stay as it was saved, is not timed (the line says so). The gradients are then dropped, and every step
-    seeds its own randomness: the run is unchanged. The first calls pay for allocation, kernel selection
-    and any compiling, and come out up to 1.6x slower than the steps that follow (the second still up to
-    1.3x): they are not timed; the estimate is the median of TIMED_PASSES timed steps, their range said.
-    counts: this rank's (evaluation batches, more on every validation window); schedule: (this run's first
-    step, max_iters, eval_interval); say: rank 0's print; every_window: each evaluation scores every
-    validation window (eval_full), not only the last."""
-    eval_batches, full_eval_batches = counts
-    first_step, max_iters, eval_interval = schedule
-    fresh = not optim.has_state(optimizer)
-    say(f"timing {2 + compiled + TIMED_PASSES} steps for an estimate of the run's cost")
-
-    def step():
-        train_step()
-        if fresh:
-            optim.zero_rate_step(optimizer)
-    with amp:
-        warming, steps = seconds_of(step, 2 + compiled, TIMED_PASSES, cuda)
-    if fresh:
-        optim.clear_state(optimizer)
-    optimizer.zero_grad(set_to_none=False)  # as train.py's loop: DDP's gradients stay views of its buckets
-    model.eval()
-    with amp:  # (no evaluation batches: a rank with no share of the validation windows)
-        eval_warming, eval_times = seconds_of(torch.no_grad()(eval_batch), compiled, 1, cuda) \
-            if eval_batches else (0, [0])
-    model.train()
-    step, batch = statistics.median(steps), eval_times[0]
-    compiling = warming + eval_warming - (2 + compiled) * steps[0] - compiled * eval_times[0]
-    compiling = f"; compiling took {duration(compiling)}" if compiled else ""
-    first_eval = -(-first_step // eval_interval) * eval_interval  # every multiple, and the last step
-    evaluations = max(0, (max_iters - first_eval) // eval_interval + 1) + (max_iters % eval_interval > 0)
-    full = evaluations if every_window else 1
-    to_go = max_iters - first_step
-    say(f"about {duration(step)} a step ({duration(min(steps))} to {duration(max(steps))} over "
-        f"{len(steps)} timed ones, {'the update included' if fresh else 'the update not timed (resumed)'}; "
-        f"{tokens_per_step / step:,.0f} tokens/s): {duration(step * to_go)} for the {to_go} steps to go, "
-        f"plus {duration(batch * (eval_batches * evaluations + full_eval_batches * full))} for "
-        f"{evaluations} evaluations"
-        + (" (every validation window each time)" if every_window and full_eval_batches
-           else " (the last also of every validation window)" if full_eval_batches else "") + compiling)
-
-
-def seconds_of(work, untimed, timed, cuda):
-    """(seconds of untimed calls of work(), [seconds of each of the timed calls that follow]), waiting for
-    the device after each."""
-    seconds = []
-    for _ in range(untimed + timed):
-        start = time.time()
-        work()
-        if cuda:
-            torch.cuda.synchronize()
-        seconds.append(time.time() - start)
-    return sum(seconds[:untimed]), seconds[untimed:]
+def time_to_go(step_seconds, pass_seconds, eval_passes, step, max_iters, eval_interval):
+    """train.py's line on the rest of a run, said at step's log (before its boundary): the steps to go at
+    step_seconds each, and the evaluations to go (every eval_interval steps and the last, this step's
+    included) at pass_seconds a pass, eval_passes(step) each."""
+    evaluations = [s for s in range(step, max_iters + 1) if s % eval_interval == 0 or s == max_iters]
+    seconds = step_seconds * (max_iters - step) + pass_seconds * sum(map(eval_passes, evaluations))
+    return (f"about {duration(seconds)} to go: {max_iters - step} steps of {duration(step_seconds)} and "
+            f"{len(evaluations)} evaluation(s)")
 
 
 def duration(seconds):

@@ -70,31 +70,3 @@ class MuonAndAdamW:
     def load_state_dict(self, state):
         self.muon.load_state_dict(state['muon'])
         self.adamw.load_state_dict(state['adamw'])
-
-
-def has_state(optimizer):
-    """Whether the optimizer has taken a step (or loaded a state): it holds moments or momenta."""
-    parts = (optimizer.muon, optimizer.adamw) if isinstance(optimizer, MuonAndAdamW) else (optimizer,)
-    return any(part.state for part in parts)
-
-
-def clear_state(optimizer):
-    """Forget every moment and momentum, as if the optimizer had never stepped."""
-    for part in (optimizer.muon, optimizer.adamw) if isinstance(optimizer, MuonAndAdamW) else (optimizer,):
-        part.state.clear()
-
-
-@torch.no_grad()
-def zero_rate_step(optimizer):
-    """One update on zeroed gradients at rate 0, for timing it: its kernels and memory, the weights unchanged
-    (AdamW's update is 0 / (0 + eps) = 0, Muon's orthogonalises a zero matrix, and both decays are rate x
-    decay = 0). It leaves moments behind: clear_state. The gradients stay zero."""
-    rates = [group['lr'] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group['lr'] = 0.0
-        for p in group['params']:
-            if p.grad is not None:
-                p.grad.zero_()
-    optimizer.step()
-    for group, rate in zip(optimizer.param_groups, rates):
-        group['lr'] = rate

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import time
-from datetime import timedelta
 
 SIGNALS = [getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1')
            if hasattr(signal, name)]  # Windows has neither SIGHUP nor SIGUSR1
@@ -29,7 +28,7 @@ class StopSignals:
     def __init__(self):
         from vrl import cli
         cli.keep_going_without_stdout()  # `python train.py | head` trains on
-        self.signal, self.polling, self.group = 0, False, None
+        self.signal, self.polling = 0, False
         for sig in SIGNALS:
             signal.signal(sig, self.on_signal)
         if int(os.environ.get('RANK', '0')) > 0:
@@ -48,15 +47,11 @@ class StopSignals:
         raise SystemExit(128 + signum)
 
     @contextlib.contextmanager
-    def caught(self, ddp, device_type, run):
+    def caught(self, ddp, run):
         """Run train.py's loop: a stop signal is noted, not acted on, and an error ends the rank with
-        one line (end_rank). Makes the gloo group that train.py's stop flag and waits use where NCCL is
-        the default, so they never queue behind GPU work (every rank must call it)."""
-        import torch
+        one line (end_rank)."""
         if isinstance(sys.stderr, Quiet):
             sys.stderr = sys.stderr.stderr
-        self.group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60)) \
-            if ddp and device_type == 'cuda' else None  # (as long as rank 0's slowest write)
         self.polling = True
         try:
             yield
