@@ -283,15 +283,16 @@ def stop_unsaved(why):
     NaN count are all-reduced), so rank 0 alone says why, once; the others end quietly (exit 1)."""
     raise SystemExit(f"train.py: {why}; stopped without saving, {run.kept}" if master_process else 1)
 
-def save(best=False):
+def save(best, background):
     """Write the checkpoint, never of a step whose loss or gradient became NaN or inf (a GPU checks
     only at log steps): rank 0 writes, and every rank waits for it (torchrun ends the others 30 s
-    after one exits)."""
+    after one exits). background: rank 0 copies it to the host and writes it in a thread while
+    training goes on (the next save, and the process's end, wait for that write)."""
     if ddp:
         all_reduce(nonfinite)
     if nonfinite.item():
         stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
-    run.save(checkpoint(), best)
+    run.save(checkpoint(), best, background)
     if ddp:
         barrier(group=cpu_group)
 
@@ -357,8 +358,8 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
         # 3. save? (the cases: above the loop)
         saving = (evaluated and (iter_num > 0 or iter_num == max_iters)) or (iter_num > first_step and (
             stopping or (ckpt_interval and iter_num % ckpt_interval == 0)))
-        if saving:
-            save(best)
+        if saving:  # a stop's save in the foreground: the process ends right after it
+            save(best, background=not stopping)
         if evaluated:
             say(f"step {iter_num}: val loss {val_loss:.4f}{said} (best {best_val_loss:.4f})")
             t_log, steps_timed = time.time(), 0  # the evaluation's time is not training's
