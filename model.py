@@ -81,7 +81,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
     dropout: float = 0.0
-    """Dropout on attention probabilities and residual branches (the paper uses 0)."""
+    """Dropout on the embeddings, attention probabilities and residual branches (the paper uses 0)."""
     # --- the paper's value residual
     variant: str = 'custom'
     """A name in VARIANTS that sets the flags below and λ, or 'custom' to set them yourself."""
@@ -323,7 +323,7 @@ class GPT(nn.Module):
         elif config.lambda_mode == 'learnable':
             self.lambda_1 = nn.Parameter(later[:, 0].clone())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus: λ_{n,1} = λ · softmax(λ')_n, started equal to `lambdas`
+        else:  # Learnable-Plus: the row's λ softmax(λ')_n, λ = n_layer, λ' = log softmax(linspace(0, 1))
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_prime = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())

@@ -1,14 +1,14 @@
 """
 The optimizers train.py builds for a GPT (model.py): nanoGPT's AdamW, with weight decay on matrices and
 embeddings only (never norms, λ or DenseFormer α), or Muon on the hidden matrices beside it
-(optimizer='muon', docs/training.md).
+(muon=True, docs/training.md).
 """
 import torch
 import torch.nn as nn
 
 
 def hidden_matrices(model):
-    """The blocks' linear weights, attention and MLP projections: what Muon trains (optimizer='muon')."""
+    """The blocks' linear weights, attention and MLP projections: what Muon trains (muon=True)."""
     return [m.weight for m in model.blocks.modules() if isinstance(m, nn.Linear)]
 
 
