@@ -4,31 +4,30 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
     python train.py                                # a small Identity ResFormer on Shakespeare (CPU)
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
-It reads as nanoGPT's train.py: settings, data and get_batch, model and optimizer, the schedule,
-evaluate, then the loop. model(x, y) returns the loss alone (nanoGPT: logits and loss). The vrl
-helpers check settings and data, keep out_dir (its lock, the files of a checkpoint and the log) and
-format the log's records; what a step does, and when, is decided here. Every collective under
-torchrun (tests/test_collectives.py holds this list to the code): where, call, group, when.
+It reads as nanoGPT's train.py: settings; data (read, get_batch, on_device, pieces); model,
+optimizer; get_lr, stop_now, eval_loss, evaluate, forward_backward, checkpoint, stop_unsaved, save,
+scores_every_window, evaluation, eval_passes; the loop. Each helper call's comment is its contract:
+no need to open vrl/, ablations.py, configurator.py. Collectives (tests/test_collectives.py checks):
   start-up  init_process_group  default group: NCCL on CUDA, else gloo; 10-min timeout; once
   start-up  new_group           cpu_group: gloo, 60-min timeout (for rank 0's save); once
-  start-up  DDP                 default: broadcasts rank 0's weights, once; then, in the backward of
-                                each step's last pass, all-reduces the gradients (their mean)
-  stop_now  all_reduce          cpu_group, MAX of the stop flag: each step boundary, after each
-                                evaluation, and every 16 pieces of one
-  evaluate  all_reduce          default, SUM of the validation losses: each evaluation
+  start-up  DDP                 default: rank 0's weights to all, once; the gradients' mean, in the
+                                backward of each step's last pass
+  stop_now  all_reduce          cpu_group, MAX of the stop flag: each boundary, after an evaluation,
+                                every 16 pieces of one
+  evaluate  all_reduce          default, SUM of the losses: once a set scored (twice with val_full)
   save      all_reduce          default, SUM of the NaN count: each save
-  save      barrier             cpu_group: every rank waits for rank 0's write
-  loop      all_reduce x3       default, SUM at log steps: the NaN count (a CPU's: every step),
-                                the training loss, and each rank's peak memory (CUDA only)
+  save      barrier             cpu_group: all wait for rank 0's host copy (a stop's save: its write)
+  loop      all_reduce x3       default, SUM at logs: NaN count (CPU: every step), loss, peak memory
   end       all_reduce x2       default, MAX and MIN of the weights: once (the replicas agree)
   end       barrier             default: a run that went well waits for every rank, then
-  end       destroy_process_group  tears both groups down (on an error inside the loop: the
-  vrl/stops.py:leave_group destroy_process_group  same, from stops.caught)
+  end       destroy_process_group  tears both groups down
+  vrl/stops.py:leave_group destroy_process_group  any other exit from the loop (a stop, max_time,
+                                an error), after stop.caught joins the writer and frees the lock
 """
 import time
 _launched = time.time()  # max_time counts from here (private: not a setting)
 from vrl import stops  # first: Ctrl-C, even during the imports, ends in one line
-stop = stops.StopSignals()  # Ctrl-C, SIGTERM, SIGHUP, SIGUSR1: at once before the loop, then polled
+stop = stops.StopSignals()  # Ctrl-C, SIGTERM, SIGHUP, SIGUSR1: until stop.caught, exit 128+n at once
 
 import inspect
 import math
@@ -55,13 +54,14 @@ from vrl.data import open_dataset
 # default settings: a small Identity ResFormer on char-level Shakespeare, minutes on a laptop CPU
 # I/O
 out_dir = 'out'
-eval_interval = 100  # evaluate every this many steps, then write ckpt.pt (best.pt if val improved)
+eval_interval = 100  # evaluate every this many steps and at the last; then save, but not at step 0
 log_interval = 10  # log the mean training loss of every this many steps
-eval_iters = 10  # validation batches of batch_size windows, the same each time (split over domains)
+eval_iters = 10  # val batches of batch_size, fixed (by domain: ceil(eval_iters / domains) each)
 eval_full = False  # score every validation window at every evaluation (not at step 0), the paper's
 eval_only = False  # evaluate once, print the loss and stop; writes nothing
 ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations only)
-max_time = 0  # seconds: save and exit 0 at the first step boundary past it (0: no limit)
+max_time = 0  # seconds: save and exit 0 at the first step boundary past it (0: no limit); exit 1
+#   there if this launch trained no step and so far saves nothing (raise max_time)
 init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'auto' (resume if there is one)
 overwrite = False  # let a fresh run replace a run already in out_dir (ckpt.pt, best.pt, log.jsonl)
 save_checkpoint = True  # False: write no ckpt.pt or best.pt (lab/bench.py's node check times runs)
@@ -108,26 +108,28 @@ seed = 1337
 config = configure(globals(), sys.argv[1:], script=__file__, fields_of=AblationConfig,
                    except_fields=('vocab_size',), types={'compile': bool},  # the data sets vocab_size
                    verbose=os.environ.get('RANK', '0') == '0')
-globals().update(config)  # config: what this run used, for the log and the checkpoint
+globals().update(config)  # the settings after config files and --key=value: for the log and ckpt
 # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; the process group starts once everything is checked
 ddp = 'RANK' in os.environ
 ddp_rank, ddp_local_rank, ddp_world_size = (
     (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, None, 1))
 master_process = ddp_rank == 0
-settings.check(config, ddp_world_size)  # every setting, or one line
+settings.check(config, ddp_world_size)  # settings, ranks' shares, wandb, the launch: else one line
 global_batch = gradient_accumulation_steps * batch_size  # sequences a step, on any number of ranks
 tokens_per_iter = global_batch * block_size
+# prepare.py's files, checked; data.places(step, n): the step's n windows, from seed and step alone
 data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order, max_iters,
-                    global_batch, eval_iters, batch_size, eval_full)  # prepare.py's, checked
-# the model: AblationConfig of the settings' fields, the vocabulary padded to a multiple of 64
-model_config = settings.model_config(config, data.meta['vocab_size'])  # bad fields: one line
-device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)  # torchrun: cuda:LOCAL_RANK
+                    global_batch, eval_iters, batch_size, eval_full)
+# ablations.py's AblationConfig (GPTConfig + flags) of the settings, vocab padded to a multiple of 64;
+# no flag set (a paper variant): build_model returns model.py's GPT and λ (test_model.py checks each)
+model_config = settings.model_config(config, data.meta['vocab_size'])
+# torchrun: cuda:LOCAL_RANK, made current; TF32 on CUDA; one line: a model too big, a big run on CPU
+device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)  # dtype: a name
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
-                           saves=save_checkpoint)  # out_dir's lock first, then the checks under it
+                           saves=save_checkpoint)  # rank 0 locks out_dir, then checks it
 
 # -----------------------------------------------------------------------------
-# data: each rank's share of a step's windows, in passes of batch_size (settings.check made sure
-# gradient_accumulation_steps splits evenly over the ranks)
+# data: each rank's share of a step's windows, in passes of batch_size (they split evenly: checked)
 rank_share = global_batch // ddp_world_size
 rank_passes = [(ddp_rank * rank_share + i, ddp_rank * rank_share + i + batch_size)
                for i in range(0, rank_share, batch_size)]
@@ -161,8 +163,8 @@ def pieces(sets):  # the validation windows of sets in passes of batch_size, for
 # model and optimizer: from scratch, or the architecture, weights and optimizer of out_dir/ckpt.pt
 iter_num, best_val_loss, last_eval = 0, float('inf'), None
 loss_since_log, steps_since_log = 0.0, 0  # the training loss summed over the steps since a log
-if run.resuming:  # checked to continue exactly: the settings and data it was trained on
-    raw_model, ckpt = run.resume(model_config, config, data.meta, eval_only)
+if run.resuming:  # ckpt.pt's (ckpt.prev.pt's if ckpt.pt is torn), checked to continue exactly: the
+    raw_model, ckpt = run.resume(model_config, config, data.meta, eval_only)  # same settings and data
     iter_num, best_val_loss, last_eval = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['last_eval']
     loss_since_log, steps_since_log = ckpt['loss_since_log']
 else:
@@ -177,7 +179,7 @@ try:  # lr_scales naming what is not a parameter of this model: one line
                                            lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
 except ValueError as e:
     raise SystemExit(f"train.py: bad lr_scales={lr_scales!r}: {e}") from None
-if run.resuming:  # a state that does not fit this optimizer: one line
+if run.resuming:  # loads ckpt's optimizer and scaler states; one that does not fit: one line
     run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)
     del ckpt  # memory-mapped: let go of it
 if wandb_log and master_process:  # before the process group: a slow login keeps the others waiting
@@ -285,9 +287,9 @@ def stop_unsaved(why):
 
 def save(best, background):
     """Write the checkpoint, never of a step whose loss or gradient became NaN or inf (a GPU checks
-    only at log steps): rank 0 writes, and every rank waits for it (torchrun ends the others 30 s
-    after one exits). background: rank 0 copies it to the host and writes it in a thread while
-    training goes on (the next save, and the process's end, wait for that write)."""
+    only at log steps): run.save, rank 0's (none if save_checkpoint=False), writes best.pt first, each
+    a .tmp, fsynced, renamed; the old ckpt.pt stays as ckpt.prev.pt. background: a thread writes a host
+    copy (joined by the next save or at exit); the barrier waits for that copy, or a stop's write."""
     if ddp:
         all_reduce(nonfinite)
     if nonfinite.item():
@@ -313,26 +315,22 @@ def eval_passes(step):  # this rank's passes at step's evaluation (for the time 
 
 # -----------------------------------------------------------------------------
 # the loop. At each step boundary, in this order: 1. stop? 2. evaluate? 3. save? 4. exit? then
-# train the step. ckpt.pt is written only in 3, at most once a boundary, never of a step whose loss
-# or gradient became NaN or inf (save), in three cases: after an evaluation (not a fresh run's
-# step 0, the seed's weights, unless it is the last), with best.pt a copy of it where that
-# evaluation's loss is the best yet; at a ckpt_interval step; at a stop (a signal, or max_time).
-# The last two only past the step this launch started from: ckpt.pt holds that one already.
+# train the step. ckpt.pt is written only in 3 (its cases there), at most once a boundary.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
-# a thread that reads step i+1's batch during step i; on CUDA it first sets the rank's GPU (a new
-# thread would start on GPU 0, and every rank would open a context there, as DataLoader's pin thread does)
+# reads step i+1's batch in step i; on CUDA set to the rank's GPU (else each opens a context on GPU 0)
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
                             initargs=(device,))
-with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a step boundary
+# from here a signal is noted, acted on at the next boundary (a 2nd Ctrl-C: at once); any exit but the
+# loop's end (stop, max_time, error: one line) joins the writer, frees the lock, destroys the group
+with stop.caught(ddp, run), progress, reader:
     t_log, steps_timed = time.time(), 0  # the wall clock of the steps since a log or evaluation
     pass_seconds, time_to_go_said = None, False  # an evaluation's time a pass, once timed
     while True:
         # 1. stop? A signal to any rank, or past max_time: every rank agrees (stop_now)
-        stopping = stop_now()
-        # 2. evaluate? Every eval_interval steps and at the last, unless stopping or done already
-        # (a run resumed from a checkpoint of this step, written after its evaluation)
+        stopping = stop_now()  # (signal number or 0, past max_time), or None
+        # 2. evaluate? Every eval_interval steps and at the last, unless stopping or done (a resume)
         due = (iter_num % eval_interval == 0 or iter_num == max_iters) \
             and (last_eval or {}).get('step') != iter_num
         evaluated, best = None, False
@@ -351,13 +349,16 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                 stop_unsaved(f"validation loss {val_loss} at step {iter_num}")
             best, best_val_loss = val_loss < best_val_loss, min(best_val_loss, val_loss)
             last_eval['best_val_loss'] = best_val_loss
-            run.log(last_eval)
+            run.log(last_eval)  # appended to log.jsonl (rank 0); metrics.*_record: no collective
             if wandb_log and master_process:
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
-        # 3. save? (the cases: above the loop)
-        saving = (evaluated and (iter_num > 0 or iter_num == max_iters)) or (iter_num > first_step and (
-            stopping or (ckpt_interval and iter_num % ckpt_interval == 0)))
+        # 3. save? After an evaluation (best.pt too if best) but not step 0's unless it is the last;
+        # at a stop or a ckpt_interval step once this launch trained (ckpt.pt holds its first step)
+        after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)
+        trained_this_launch = iter_num > first_step
+        at_interval = ckpt_interval and iter_num % ckpt_interval == 0
+        saving = after_eval or (trained_this_launch and (stopping or at_interval))
         if saving:  # a stop's save in the foreground: the process ends right after it
             save(best, background=not stopping)
         if evaluated:
@@ -384,8 +385,8 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
         # lr_scales multiplier, or muon_lr / learning_rate for Muon's matrices (its own peak rate)
         for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_scale']
-        # dropout from (seed, step, rank) alone (the batches' seeds never use a negative key; a tuple
-        # of ints hashes alike in every process): a resumed run draws the same dropout
+        # dropout from (seed, step, -1 - rank) alone: a resumed run draws the same. Batches use
+        # (seed, step) and (seed, -1, epoch), and a step is never -1; int tuples hash alike anywhere
         torch.manual_seed(hash((seed, iter_num, -1 - ddp_rank)) & (2 ** 63 - 1))
         batch = next_batch.result() if next_batch else get_batch(iter_num)
         next_batch = reader.submit(get_batch, iter_num + 1) if iter_num + 1 < max_iters else None
@@ -427,13 +428,12 @@ with stop.caught(ddp, run), progress, reader:  # from here a stop waits for a st
                 peaks = peaks.tolist()
             record, line = metrics.step_record(iter_num, loss, grad_norm, lr, tokens_per_sec, norms,
                                                raw_model, config, ddp_world_size, device, peaks)
-            run.log(record)
+            run.log(record)  # step_record's: the learned λ too, where λ learns
             if wandb_log and master_process:
                 wandb.log(record, step=iter_num)
             progress.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{lr:.2e}", refresh=False)
             say(line)
-            # the time to go, said once an evaluation and steps past the launch's first two (which
-            # pay for allocation and compiling) have been timed
+            # the time to go, once an evaluation and steps past the first two (compiling) are timed
             if pass_seconds and not time_to_go_said and iter_num - steps_timed >= first_step + 2:
                 say(metrics.time_to_go((time.time() - t_log) / steps_timed, pass_seconds, eval_passes,
                                        iter_num, max_iters, eval_interval))
