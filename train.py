@@ -185,15 +185,16 @@ if run.resuming:  # loads ckpt's optimizer and scaler states; one that does not 
 if wandb_log and master_process:  # before the process group: a slow login keeps the others waiting
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-cpu_group = None  # the stop flag's and the save's group (stop_now, save)
 if ddp:  # a hung or dead rank ends the job in 10 minutes, and on CUDA NCCL's flight recorder
     if device_type == 'cuda':  # dumps each rank's last 2,000 collectives (/tmp/nccl_trace_rank_*)
-        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if torch.__version__ >= '2.8' else
+        new_name = tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 8)
+        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if new_name else
                               'TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # (its name before torch 2.8)
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
         timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
-    # gloo, on the CPU: the stop flag never queues behind GPU work; the long wait, rank 0's save
-    cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60))
+# the stop flag's and the save's group (stop_now, save): gloo, on the CPU, so the stop flag never
+# queues behind GPU work; the long wait is rank 0's save
+cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60)) if ddp else None
 amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
 # DDP all-reduces the gradients in the backward, in buckets of a block's gradients or 25 MB (its

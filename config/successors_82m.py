@@ -6,6 +6,12 @@
 # KV head; Attention Residuals (arXiv 2603.15031): each sublayer reads a softmax over depth of the
 # embedding and every earlier sublayer's output; Block AttnRes over block sums, one layer a block
 # here (8 blocks, the paper's N = 8). None adds more than 0.04% parameters, nor any KV cache.
+# The successors that rebuild the residual stream (ablations.py's CONNECTIONS): Hyper-Connections
+# (arXiv 2409.19606; 4 streams, dynamic), mHC (arXiv 2512.24880) and MUDDFormer (arXiv 2502.12170)
+# add 0.07%, 0.96% and 0.34% parameters here and no KV cache; --variant=hyper_connections, mhc or
+# muddformer (--hc_rate=N, --hc_dynamic=False for static hyper-connections).
+# Memory: about 110 GB eager, 37 GB compiled per GPU at 64 sequences of 2048 tokens a pass (docs/training.md),
+# the Transformer's estimate; hyper-connections and mHC keep 4 streams of activations (more; not measured).
 # SATFormer's other options: --variant=satformer --value_gate=sigmoid (or tanh) and
 # --value_gate_last_k=k (the last k layers alone). Runs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=vanilla --out_dir=out/successors_vanilla

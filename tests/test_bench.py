@@ -410,7 +410,7 @@ def test_node_check_fails_past_its_thresholds_and_on_a_resume_that_drops_the_opt
     for name in ('train.py', 'model.py', 'ablations.py', 'configurator.py'):
         shutil.copy(Path(HERE, name), code / name)
     train = (code / 'train.py').read_text()
-    load = "optimizer.load_state_dict(ckpt['optimizer'])"
+    load = "run_folder.load_optimizer_state(optimizer, scaler, ckpt, run.ckpt_path)"
     assert train.count(load) == 1
     (code / 'train.py').write_text(train.replace(load, 'pass  # a resume that loses the optimizer state'))
     (tmp_path / 'run').mkdir()

@@ -724,8 +724,8 @@ def test_a_stop_at_or_in_an_evaluation_loses_no_best_weights(workdir, monkeypatc
 def test_a_stop_on_a_ckpt_interval_step_saves_once(workdir, monkeypatch):
     """SIGTERM in the 8th update with ckpt_interval=4: ckpt.pt at step 4, then once at step 8."""
     saved, save = [], run_folder.RunFolder.save
-    monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best: (
-        saved.append(checkpoint['iter_num']), save(run, checkpoint, best)))
+    monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best, background=False: (
+        saved.append(checkpoint['iter_num']), save(run, checkpoint, best, background)))
     monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_',
                         signalling(torch.nn.utils.clip_grad_norm_, signal.SIGTERM, nth_call(8)))
     result = train(workdir, '--out_dir=out_stop_on_ckpt_interval', *LONG, '--eval_interval=50',
@@ -1808,8 +1808,8 @@ def test_the_checkpoint_a_run_starts_from_is_not_written_again(workdir, monkeypa
     seed makes again), and a run resumed from a checkpoint that holds its step's evaluation neither repeats
     it nor writes that step again (test_a_stop_at_or_in_an_evaluation_loses_no_best_weights: one without)."""
     saved, save = [], run_folder.RunFolder.save
-    monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best: (
-        saved.append(checkpoint['iter_num']), save(run, checkpoint, best)))
+    monkeypatch.setattr(run_folder.RunFolder, 'save', lambda run, checkpoint, best, background=False: (
+        saved.append(checkpoint['iter_num']), save(run, checkpoint, best, background)))
     train(workdir, '--out_dir=out_no_step_0', '--max_iters=2', '--eval_interval=1')
     train(workdir, '--out_dir=out_no_step_0', '--max_iters=3', '--eval_interval=1', '--init_from=resume')
     assert saved == [1, 2, 3]

@@ -266,7 +266,10 @@ class RunFolder:
 
     @property
     def kept(self):
-        """What a run that stops now leaves, for the line that says why it stopped."""
+        """What a run that stops now leaves, for the line that says why it stopped (after the background
+        write under way, if any, which may be that checkpoint)."""
+        if self.writing:
+            self.writing.join()
         return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
                 if self.saved_step is not None else "no checkpoint written")
 

@@ -125,7 +125,7 @@ def check_launch(world_size):
             f"train.py: {step_tasks} tasks in this srun step but no torchrun: each would train alone on "
             f"GPU 0; on N nodes run `{SRUN_TORCHRUN}` (docs/training.md), or, to train in one process "
             f"on purpose, `SLURM_STEP_NUM_TASKS=1 python train.py ...`")
-    if world_size > 1 and 'TORCHELASTIC_RUN_ID' not in os.environ:  # set by every torchrun
+    if 'RANK' in os.environ and 'TORCHELASTIC_RUN_ID' not in os.environ and world_size > 1:  # torchrun's
         missing = [name for name in ('MASTER_ADDR', 'MASTER_PORT') if not os.environ.get(name)]
         if missing:
             raise SystemExit(f"train.py: RANK={os.environ.get('RANK')} WORLD_SIZE={world_size} without "
