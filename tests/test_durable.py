@@ -152,6 +152,22 @@ def test_eval_only_never_scores_the_previous_checkpoint(workdir):
     assert result.returncode == 1 and 'ckpt.pt is unreadable' in result.stderr.splitlines()[-1]
 
 
+def test_a_resume_refused_for_its_settings_names_them_and_never_advises_deleting_the_run(workdir):
+    """A resume with other settings (dtype='auto' made float32, as auto is on a CPU) is refused in one line
+    that gives the flags it was trained with, and as the other way out a new --out_dir, never --overwrite=True
+    (which deletes the run); the command with those flags resumes."""
+    train(workdir, '--out_dir=out_other_settings', '--max_iters=2', '--eval_interval=2')
+    refused = train(workdir, '--out_dir=out_other_settings', '--init_from=resume', '--max_iters=4',
+                    '--dtype=float32', '--lr_scales=[["wte.weight", 2]]', check=False)
+    assert refused.returncode == 1 and refused.stderr.count('\n') == 1, refused.stderr
+    assert refused.stderr.strip().endswith(
+        "resume with the settings it was trained with (\"--lr_scales=[]\" --dtype=auto), or train with these in "
+        "another --out_dir (--overwrite=True would delete this run)"), refused.stderr
+    train(workdir, '--out_dir=out_other_settings', '--init_from=resume', '--max_iters=4', '--dtype=auto',
+          '--lr_scales=[]')
+    assert max(log(workdir, 'out_other_settings', 'train_loss')) == 4
+
+
 def small_checkpoint(step):
     return {'model': {'w': torch.arange(1e6) + step}, 'iter_num': step, 'model_args': {}}
 

@@ -466,23 +466,37 @@ def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config
         data_dir = os.path.join('data', config['dataset'])  # (train.py's config has no data_dir)
         raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on "
                          f"(meta.json differs in {', '.join(differ)}); resume with "
-                         f"--dataset={saved_config['dataset']} as it was prepared, or start over with "
-                         f"--overwrite=True")
+                         f"--dataset={saved_config['dataset']} as it was prepared, {ELSEWHERE}")
     if saved_model_config != model_config:
         changed = [f.name for f in fields(GPTConfig)
                    if getattr(saved_model_config, f.name) != getattr(model_config, f.name)]
         raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} "
                          f"({', '.join(changed)}); resume with the settings it was trained with")
     # a setting added to train.py since the checkpoint was written counts as unchanged
-    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config if key not in
-               MAY_CHANGE_ON_RESUME and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
+    keys = [key for key in config if key not in MAY_CHANGE_ON_RESUME
+            and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
+    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in keys]
     for key, what in SEQUENCES:
         before, now = saved_config[key] * saved_config['batch_size'], config[key] * config['batch_size']
         if before != now:
             changed.append(f"{key} x batch_size = {before} sequences {what} (now {now})")
+            keys += [key, 'batch_size']
     if changed and not eval_only:
+        flags = ' '.join(dict.fromkeys(as_flag(key, saved_config[key]) for key in keys))
         raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; "
-                         f"resume with the settings it was trained with, or start over with --overwrite=True")
+                         f"resume with the settings it was trained with ({flags}), {ELSEWHERE}")
+
+
+# the other way out of a refused resume: never --overwrite=True, which deletes a run that is fine
+ELSEWHERE = "or train with these in another --out_dir (--overwrite=True would delete this run)"
+
+
+def as_flag(key, value):
+    """A setting as train.py's command line takes it, ready to paste into a shell: a string as typed
+    (--dtype=auto), any other value as a Python literal, in double quotes where the shell would read it
+    ("--lr_scales=[['wte.weight',2]]")."""
+    flag = f"--{key}={value if isinstance(value, str) else repr(as_lists(value)).replace(', ', ',')}"
+    return flag if re.fullmatch(r'[\w.,=+:/-]*', flag) else f'"{flag}"'
 
 
 def as_lists(value):
