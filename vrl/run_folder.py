@@ -385,15 +385,14 @@ def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
     except Exception:  # truncated, or not written by torch.save
         # never retry with weights_only=False: it runs code
         raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "
-                         f"train.py; re-train or point to another checkpoint") from None
+                         f"train.py; {another_checkpoint(path)}") from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
         raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
                          "(no model or model_args)")
     if ('checksum' in checkpoint and checksum(checkpoint) != checkpoint['checksum']
             or 'checksums' in checkpoint and tensor_checksums(checkpoint) != checkpoint['checksums']):
         raise SystemExit(f"checkpoint {path} is damaged: it no longer matches the checksum written with it "
-                         "(a flipped byte on disk or in a copy); use another checkpoint (best.pt is a "
-                         "separate file)")
+                         f"(a flipped byte on disk or in a copy); {another_checkpoint(path)}")
     if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
         raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
                          "point to a checkpoint written by train.py")
@@ -408,8 +407,17 @@ def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
                    if w.is_floating_point() and not torch.isfinite(w).all()), None)
     if broken and not resuming:
         raise SystemExit(f"checkpoint {path} holds NaN or inf weights ({broken}): its run diverged; "
-                         "point to an earlier checkpoint (best.pt)")
+                         f"{another_checkpoint(path)}")
     return model.to(device), checkpoint
+
+
+def another_checkpoint(path):
+    """The advice for a checkpoint that cannot be used: the other checkpoints of its run beside it, each a
+    separate file (for best.pt: ckpt.pt and ckpt.prev.pt), where there are any."""
+    folder, name = os.path.split(path)
+    others = [os.path.join(folder, other) for other in ('best.pt', 'ckpt.pt', PREVIOUS)
+              if other != name and os.path.isfile(os.path.join(folder, other))]
+    return f"use {' or '.join(others)} instead" if others else "re-train or point to another checkpoint"
 
 
 def current_args(model_args):
