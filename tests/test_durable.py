@@ -168,6 +168,23 @@ def test_a_resume_refused_for_its_settings_names_them_and_never_advises_deleting
     assert max(log(workdir, 'out_other_settings', 'train_loss')) == 4
 
 
+@pytest.mark.skipif(os.name == 'nt', reason='no file size limit (ulimit -f) on Windows')
+def test_a_checkpoint_past_the_file_size_limit_names_the_limit_not_the_disk(workdir):
+    """Under `ulimit -f` a checkpoint's write fails with EFBIG, which torch.save words as a full disk's
+    failure: the line names the limit."""
+    import resource
+    limit = 100 * 1024  # the log fits, a checkpoint (some 400 KB) does not
+    result = subprocess.run([sys.executable, REPO / 'train.py', *TINY, '--out_dir=out_file_size_limit',
+                             '--max_iters=4', '--eval_interval=2'], cwd=workdir, capture_output=True, text=True,
+                            timeout=120, preexec_fn=lambda: resource.setrlimit(
+                                resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1])))
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        'train.py: cannot write out_file_size_limit/ckpt.pt (past the file size limit, `ulimit -f`); raise the '
+        'limit (`ulimit -f unlimited`), no checkpoint written')
+    assert not list((workdir / 'out_file_size_limit').glob('*.pt*'))
+
+
 def small_checkpoint(step):
     return {'model': {'w': torch.arange(1e6) + step}, 'iter_num': step, 'model_args': {}}
 

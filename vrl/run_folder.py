@@ -234,6 +234,8 @@ class RunFolder:
             os.replace(written, self.ckpt_path)
             flush_folder(self.out_dir)
         except Exception as e:  # any, in a thread too, is the run's one line (a full disk: a RuntimeError)
+            if not isinstance(e, OSError) and at_file_size_limit(written):  # torch.save's words hide EFBIG
+                e = OSError(errno.EFBIG, os.strerror(errno.EFBIG))
             for partial in (written, best_written):  # gone now, not at the next start
                 with contextlib.suppress(OSError):
                     os.remove(partial)
@@ -272,6 +274,9 @@ class RunFolder:
 
     def cannot_write(self, path, error):
         """The line that ends a run whose write of path failed."""
+        if getattr(error, 'errno', None) == errno.EFBIG:  # not the disk: this process may write no more
+            return (f"train.py: cannot write {path} (past the file size limit, `ulimit -f`); raise the "
+                    f"limit (`ulimit -f unlimited`), {self.kept}")
         why = "no space left on device" if is_disk_full(error) else f"{type(error).__name__}: {error}"
         return f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, {self.kept}"
 
@@ -315,6 +320,17 @@ def is_disk_full(error):
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return any(words in str(error) for words in ('unexpected pos', 'file write failed', 'No space left'))
+
+
+def at_file_size_limit(path):
+    """Whether path has grown to this process's file size limit (`ulimit -f`; none on Windows), where a write
+    fails with EFBIG, which torch.save's zip writer reports in the words of a full disk."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        return limit != resource.RLIM_INFINITY and os.path.getsize(path) >= limit
+    except (ImportError, OSError):
+        return False
 
 
 def checksum(checkpoint):
