@@ -268,7 +268,10 @@ class RunFolder:
 
     @property
     def kept(self):
-        """What a run that stops now leaves, for the line that says why it stopped."""
+        """What a run that stops now leaves, for the line that says why it stopped: once the write under way
+        has landed (the process's end waits for it anyway)."""
+        if self.writing:
+            self.writing.join()
         return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
                 if self.saved_step is not None else "no checkpoint written")
 
