@@ -2,6 +2,7 @@
 from ckpt.prev.pt when ckpt.pt is torn, the writes flushed to disk before their renames, a checkpoint written
 in the background, and out_dir's lock on shared file systems (a stale holder on this host, one on another
 host, a requeued job's, a retry, breaking it by hand)."""
+import errno
 import json
 import os
 import signal
@@ -183,6 +184,41 @@ def test_a_checkpoint_past_the_file_size_limit_names_the_limit_not_the_disk(work
         'train.py: cannot write out_file_size_limit/ckpt.pt (past the file size limit, `ulimit -f`); raise the '
         'limit (`ulimit -f unlimited`), no checkpoint written')
     assert not list((workdir / 'out_file_size_limit').glob('*.pt*'))
+
+
+def test_an_out_dir_that_stops_taking_files_at_the_last_save_ends_the_run_in_one_line(workdir, monkeypatch):
+    """out_dir refuses the last checkpoint's rename (written in the background as the run ends): one line
+    and exit 1, not exit 0 with the line above the bar; the lock let go."""
+    replace = os.replace
+
+    def refused(source, target):
+        if str(source).endswith('ckpt.pt.tmp'):
+            raise PermissionError(13, 'Permission denied', str(target))
+        return replace(source, target)
+
+    monkeypatch.setattr(os, 'replace', refused)
+    result = train(workdir, '--out_dir=out_unwritable', '--max_iters=2', '--eval_interval=2', check=False)
+    monkeypatch.undo()
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "train.py: cannot write out_unwritable/ckpt.pt (PermissionError: [Errno 13] Permission denied: "
+        "'out_unwritable/ckpt.pt'); fix out_dir, no checkpoint written")
+    assert not (workdir / 'out_unwritable' / '.lock.pid').exists()
+
+
+def test_a_lock_whose_unlock_fails_is_let_go_without_an_error(tmp_path):
+    """An unlock that fails (out_dir's file system gone) is left to the OS, which lets go at the process's
+    end; the .pid file goes, and nothing is raised at the end of a run."""
+    held, _ = locks.try_lock(str(tmp_path / '.lock'), 'test.py')
+    unlock = held.lock.release
+
+    def stale(*args, **kwargs):
+        unlock(*args, **kwargs)
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    held.lock.release = stale
+    held.release()
+    assert not (tmp_path / '.lock.pid').exists()
 
 
 def small_checkpoint(step):

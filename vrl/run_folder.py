@@ -280,8 +280,10 @@ class RunFolder:
         if getattr(error, 'errno', None) == errno.EFBIG:  # not the disk: this process may write no more
             return (f"train.py: cannot write {path} (past the file size limit, `ulimit -f`); raise the "
                     f"limit (`ulimit -f unlimited`), {self.kept}")
-        why = "no space left on device" if is_disk_full(error) else f"{type(error).__name__}: {error}"
-        return f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, {self.kept}"
+        if is_disk_full(error):
+            return f"train.py: cannot write {path} (no space left on device); free disk space or fix out_dir, " \
+                   f"{self.kept}"
+        return f"train.py: cannot write {path} ({type(error).__name__}: {error}); fix out_dir, {self.kept}"
 
 
 def flush_to_disk(path):

@@ -62,6 +62,7 @@ class StopSignals:
         self.polling = True
         try:
             yield
+            run.wait()  # the last checkpoint, written in the background, on disk: or its failure ends the rank
         except (SystemExit, RuntimeError) as error:
             run.let_go()
             leave_group()
