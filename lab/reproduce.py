@@ -521,6 +521,10 @@ def probe(settings):
             command = train_command(tiny, Path(out_dir) / 'probe', resume=False)
             result = subprocess.run(command, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='1'),
                                     capture_output=True, text=True)
+            stopped_by = stop_signal(result.returncode)
+            if stopped_by:  # a Ctrl-C or a scheduler's SIGTERM reached it: nothing is wrong with the data
+                raise SystemExit(f"reproduce.py: stopped by {stopped_by} during a probe run (3 steps that "
+                                 f"check today's code); the same command goes on where the runs stand")
             if result.returncode != 0:
                 raise SystemExit(f"reproduce.py: the probe run failed: "
                                  f"{result.stderr.strip().splitlines()[-1:]}; "
@@ -529,6 +533,16 @@ def probe(settings):
         _probes[key] = [round(r.get('val_loss', r.get('train_loss')), 4)
                         for r in records if r['step'] <= 3][:4]
     return _probes[key]
+
+
+def stop_signal(returncode):
+    """The name of the signal that stopped a train.py that exited with returncode (128 + its number, as
+    train.py's stops exit, or minus it, killed by it), or None."""
+    number = -returncode if returncode < 0 else returncode - 128
+    try:
+        return signal.Signals(number).name if number > 0 else None
+    except ValueError:
+        return None
 
 
 def commit():

@@ -807,6 +807,19 @@ def test_the_lengths_report_fits_svformers_critical_point_against_length():
         reproduce.critical_point_rows(groups)
 
 
+@pytest.mark.parametrize('ending', ['os.kill(os.getpid(), signal.SIGTERM)',
+                                    'print("train.py: stopped by SIGINT at step 2", file=sys.stderr); sys.exit(130)'],
+                         ids=['killed by SIGTERM', 'train.py stopped by SIGINT'])
+def test_a_stop_during_the_probe_is_said_as_a_stop_not_as_unprepared_data(monkeypatch, ending):
+    monkeypatch.setattr(reproduce, 'train_command', lambda *args, **kwargs: [
+        sys.executable, '-c', f'import os, signal, sys; {ending}'])
+    with pytest.raises(SystemExit) as stopped:
+        REAL_PROBE(dict(variant='vanilla', seed=1))
+    name = 'SIGTERM' if 'kill' in ending else 'SIGINT'
+    assert stopped.value.code == (f"reproduce.py: stopped by {name} during a probe run (3 steps that check "
+                                  f"today's code); the same command goes on where the runs stand")
+
+
 def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkeypatch):
     """SIGTERM after a run passed the stop check but before its train.py started (its probe was running):
     the run is stopped as it starts, not left to train to its end."""
