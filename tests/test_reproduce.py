@@ -21,6 +21,7 @@ from ablations import AblationConfig, build_model
 from configurator import configure
 from lab.reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 from testing import train_defaults
+from vrl.data import validation_sets
 from vrl.settings import check as settings_check
 
 
@@ -546,6 +547,21 @@ def test_per_domain_losses_get_a_table_and_single_corpus_runs_none():
     assert rows[-1] == '| vanilla | 3.2500 | 1.5000 |' and '| group | C4 | Github |' in rows
     assert reproduce.domain_rows({'vanilla': {'runs': [run(None)]}}) == []
     assert reproduce.domain_rows({'vanilla': {'runs': [*groups['vanilla']['runs'], run(None)]}}) == []
+
+
+@pytest.mark.parametrize('scale', reproduce.SCALES)
+def test_every_runs_evaluation_fits_its_scales_validation_split(tmp_path, scale):
+    """Each run of every suite at each scale, its settings as train.py gets them, against the validation split
+    prepare.py makes for its scale (shakespeare_gpt2 for gpu: 271 windows of 512 tokens, where eval_iters=20
+    took 640): train.py's own check (validation_sets) passes, so no run stops at its first evaluation."""
+    dataset = reproduce.SCALES[scale]['dataset']
+    prepared = subprocess.run([sys.executable, REPO / 'prepare.py', f'--out_dir={tmp_path / dataset}',
+                               *(['--tokenizer=gpt2'] if 'gpt2' in dataset else [])], capture_output=True, text=True)
+    assert prepared.returncode == 0, prepared.stderr
+    shapes = {(s['eval_iters'], s['batch_size'], s['block_size']) for suite in reproduce.SUITES
+              for _, _, s in reproduce.suite_runs(suite, scale, [1337]) if s['dataset'] == dataset}
+    for eval_iters, batch_size, block_size in sorted(shapes):
+        validation_sets(str(tmp_path / dataset), None, eval_iters, batch_size, block_size)
 
 
 def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkeypatch):
