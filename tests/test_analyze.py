@@ -572,8 +572,8 @@ def test_a_checkpoint_that_is_a_folder_a_pipe_or_a_device_is_named_as_such(runs)
     (runs / 'ckpt_folder' / 'ckpt.pt').mkdir(parents=True)
     (runs / 'ckpt_fifo').mkdir()
     os.mkfifo(runs / 'ckpt_fifo' / 'ckpt.pt')
-    for arg, said in [('ckpt_folder', 'ckpt_folder/ckpt.pt is a folder'),
-                      ('ckpt_fifo', 'ckpt_fifo/ckpt.pt is a pipe (FIFO)'), (os.devnull, f'{os.devnull} is a device')]:
+    for arg, said in [('ckpt_folder', 'ckpt_folder/ckpt.pt is a folder'), (os.devnull, f'{os.devnull} is a device'),
+                      ('ckpt_fifo', 'ckpt_fifo/ckpt.pt is a pipe (FIFO)')]:
         one_line_error(analyze(runs, arg), f'analyze.py: {said}, not a checkpoint file; name training runs')
 
 

@@ -555,8 +555,9 @@ def test_every_runs_evaluation_fits_its_scales_validation_split(tmp_path, scale)
     prepare.py makes for its scale (shakespeare_gpt2 for gpu: 271 windows of 512 tokens, where eval_iters=20
     took 640): train.py's own check (validation_sets) passes, so no run stops at its first evaluation."""
     dataset = reproduce.SCALES[scale]['dataset']
-    prepared = subprocess.run([sys.executable, REPO / 'prepare.py', f'--out_dir={tmp_path / dataset}',
-                               *(['--tokenizer=gpt2'] if 'gpt2' in dataset else [])], capture_output=True, text=True)
+    tokenizer = ['--tokenizer=gpt2'] if 'gpt2' in dataset else []
+    prepared = subprocess.run([sys.executable, REPO / 'prepare.py', f'--out_dir={tmp_path / dataset}', *tokenizer],
+                              capture_output=True, text=True)
     assert prepared.returncode == 0, prepared.stderr
     shapes = {(s['eval_iters'], s['batch_size'], s['block_size']) for suite in reproduce.SUITES
               for _, _, s in reproduce.suite_runs(suite, scale, [1337]) if s['dataset'] == dataset}
@@ -823,9 +824,10 @@ def test_the_lengths_report_fits_svformers_critical_point_against_length():
         reproduce.critical_point_rows(groups)
 
 
-@pytest.mark.parametrize('ending', ['os.kill(os.getpid(), signal.SIGTERM)',
-                                    'print("train.py: stopped by SIGINT at step 2", file=sys.stderr); sys.exit(130)'],
-                         ids=['killed by SIGTERM', 'train.py stopped by SIGINT'])
+@pytest.mark.parametrize('ending', [
+    'os.kill(os.getpid(), signal.SIGTERM)',
+    'print("train.py: stopped by SIGINT at step 2", file=sys.stderr); sys.exit(130)'],
+    ids=['killed by SIGTERM', 'train.py stopped by SIGINT'])
 def test_a_stop_during_the_probe_is_said_as_a_stop_not_as_unprepared_data(monkeypatch, ending):
     monkeypatch.setattr(reproduce, 'train_command', lambda *args, **kwargs: [
         sys.executable, '-c', f'import os, signal, sys; {ending}'])
