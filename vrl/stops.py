@@ -56,7 +56,7 @@ class StopSignals:
     @contextlib.contextmanager
     def caught(self, ddp, run):
         """Run train.py's loop: a stop signal is noted, not acted on, and an error ends the rank with
-        one line (end_rank)."""
+        one line (end_rank), as does the failure of the last checkpoint's write (in the background)."""
         if isinstance(sys.stderr, Quiet):
             sys.stderr = sys.stderr.stderr
         self.polling = True
