@@ -300,10 +300,12 @@ def sublayer_losses(model, inputs, targets):
 def checkpoint_path(arg):
     """The checkpoint a run argument names: an out_dir's ckpt, or a .pt file."""
     path = os.path.join(arg, ckpt) if os.path.isdir(arg) else arg
-    if not os.path.isfile(path):
-        problem = f"{arg} has no {ckpt}" if os.path.isdir(arg) else f"{arg} not found"
-        raise SystemExit(f"analyze.py: {problem}; name training runs' folders (their out_dir) or .pt files")
-    return path
+    if os.path.isfile(path):
+        return path
+    kind = cli.file_kind(path)  # a folder named ckpt.pt, a pipe, /dev/null: there, but no checkpoint
+    problem = (f"{path} is {kind}, not a checkpoint file" if kind else
+               f"{arg} has no {ckpt}" if os.path.isdir(arg) else f"{arg} not found")
+    raise SystemExit(f"analyze.py: {problem}; name training runs' folders (their out_dir) or .pt files")
 
 
 def load_models(run_args):

@@ -62,10 +62,11 @@ SCALES = {
                 learning_rate=2e-3, min_lr=2e-4, eval_interval=50, eval_iters=10, log_interval=10,
                 log_grad_norms=True),
     # Untested here (no GPU was available): the 82M shape on GPT-2 BPE Shakespeare, bf16 and compiled by
-    # train.py.
+    # train.py. eval_iters=8 fits its validation split's 139,125 tokens: 8 x 32 = 256 of its 271 windows of
+    # 512, and 8 x 4 = 32 of 33 at 4,096 (the lengths suite's longest, at the same tokens a step).
     'gpu': dict(dataset='shakespeare_gpt2', n_layer=8, n_head=8, n_embd=512, block_size=512, batch_size=32,
                 gradient_accumulation_steps=1, max_iters=2000, lr_decay_iters=2000, warmup_iters=100,
-                learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=20, log_interval=10,
+                learning_rate=6e-4, min_lr=6e-5, eval_interval=100, eval_iters=8, log_interval=10,
                 log_grad_norms=True),
     # GPT-2 BPE Shakespeare at config/small_svformer.py's shape and steps (config/small_value_bank.py has the
     # same settings), a few minutes a run on 2 cores: the cpu scale's model, but a vocabulary of 50,304, where
@@ -523,6 +524,10 @@ def probe(settings):
             command = train_command(tiny, Path(out_dir) / 'probe', resume=False)
             result = subprocess.run(command, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='1'),
                                     capture_output=True, text=True)
+            stopped_by = stop_signal(result.returncode)
+            if stopped_by:  # a Ctrl-C or a scheduler's SIGTERM reached it: nothing is wrong with the data
+                raise SystemExit(f"reproduce.py: stopped by {stopped_by} during a probe run (3 steps that "
+                                 f"check today's code); the same command goes on where the runs stand")
             if result.returncode != 0:
                 raise SystemExit(f"reproduce.py: the probe run failed: "
                                  f"{result.stderr.strip().splitlines()[-1:]}; "
@@ -531,6 +536,16 @@ def probe(settings):
         _probes[key] = [round(r.get('val_loss', r.get('train_loss')), 4)
                         for r in records if r['step'] <= 3][:4]
     return _probes[key]
+
+
+def stop_signal(returncode):
+    """The name of the signal that stopped a train.py that exited with returncode (128 + its number, as
+    train.py's stops exit, or minus it, killed by it), or None."""
+    number = -returncode if returncode < 0 else returncode - 128
+    try:
+        return signal.Signals(number).name if number > 0 else None
+    except ValueError:
+        return None
 
 
 def commit():

@@ -566,6 +566,17 @@ def test_bad_arguments_exit_with_one_line(runs, args, words):
     assert result.stderr.count('\n') == 1 and all(word in message for word in words), message
 
 
+def test_a_checkpoint_that_is_a_folder_a_pipe_or_a_device_is_named_as_such(runs):
+    """A run folder whose ckpt.pt is a folder or a pipe, or a device given as the checkpoint: it is there,
+    but is no checkpoint file (not 'has no ckpt.pt', not 'not found'), and nothing waits on the pipe."""
+    (runs / 'ckpt_folder' / 'ckpt.pt').mkdir(parents=True)
+    (runs / 'ckpt_fifo').mkdir()
+    os.mkfifo(runs / 'ckpt_fifo' / 'ckpt.pt')
+    for arg, said in [('ckpt_folder', 'ckpt_folder/ckpt.pt is a folder'), (os.devnull, f'{os.devnull} is a device'),
+                      ('ckpt_fifo', 'ckpt_fifo/ckpt.pt is a pipe (FIFO)')]:
+        one_line_error(analyze(runs, arg), f'analyze.py: {said}, not a checkpoint file; name training runs')
+
+
 def test_data_prepared_by_an_older_prepare_py(runs, tmp_path):
     shutil.copytree(runs / 'data', tmp_path / 'data')
     meta = json.loads((tmp_path / 'data' / 'meta.json').read_text())

@@ -2,6 +2,7 @@
 from ckpt.prev.pt when ckpt.pt is torn, the writes flushed to disk before their renames, a checkpoint written
 in the background, and out_dir's lock on shared file systems (a stale holder on this host, one on another
 host, a requeued job's, a retry, breaking it by hand)."""
+import errno
 import json
 import os
 import signal
@@ -150,6 +151,74 @@ def test_eval_only_never_scores_the_previous_checkpoint(workdir):
     result = train(workdir, '--out_dir=out_torn_eval', '--init_from=resume', '--eval_only=True', *LONG,
                    check=False)
     assert result.returncode == 1 and 'ckpt.pt is unreadable' in result.stderr.splitlines()[-1]
+
+
+def test_a_resume_refused_for_its_settings_names_them_and_never_advises_deleting_the_run(workdir):
+    """A resume with other settings (dtype='auto' made float32, as auto is on a CPU) is refused in one line
+    that gives the flags it was trained with, and as the other way out a new --out_dir, never --overwrite=True
+    (which deletes the run); the command with those flags resumes."""
+    train(workdir, '--out_dir=out_other_settings', '--max_iters=2', '--eval_interval=2')
+    refused = train(workdir, '--out_dir=out_other_settings', '--init_from=resume', '--max_iters=4',
+                    '--dtype=float32', '--lr_scales=[["wte.weight", 2]]', check=False)
+    assert refused.returncode == 1 and refused.stderr.count('\n') == 1, refused.stderr
+    assert refused.stderr.strip().endswith(
+        "resume with the settings it was trained with (\"--lr_scales=[]\" --dtype=auto), or train with these in "
+        "another --out_dir (--overwrite=True would delete this run)"), refused.stderr
+    train(workdir, '--out_dir=out_other_settings', '--init_from=resume', '--max_iters=4', '--dtype=auto',
+          '--lr_scales=[]')
+    assert max(log(workdir, 'out_other_settings', 'train_loss')) == 4
+
+
+@pytest.mark.skipif(os.name == 'nt', reason='no file size limit (ulimit -f) on Windows')
+def test_a_checkpoint_past_the_file_size_limit_names_the_limit_not_the_disk(workdir):
+    """Under `ulimit -f` a checkpoint's write fails with EFBIG, which torch.save words as a full disk's
+    failure: the line names the limit."""
+    import resource
+    limit = 100 * 1024  # the log fits, a checkpoint (some 400 KB) does not
+    result = subprocess.run([sys.executable, REPO / 'train.py', *TINY, '--out_dir=out_file_size_limit',
+                             '--max_iters=4', '--eval_interval=2'], cwd=workdir, capture_output=True, text=True,
+                            timeout=120, preexec_fn=lambda: resource.setrlimit(
+                                resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1])))
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        'train.py: cannot write out_file_size_limit/ckpt.pt (past the file size limit, `ulimit -f`); raise the '
+        'limit (`ulimit -f unlimited`), no checkpoint written')
+    assert not list((workdir / 'out_file_size_limit').glob('*.pt*'))
+
+
+def test_an_out_dir_that_stops_taking_files_at_the_last_save_ends_the_run_in_one_line(workdir, monkeypatch):
+    """out_dir refuses the last checkpoint's rename (written in the background as the run ends): one line
+    and exit 1, not exit 0 with the line above the bar; the lock let go."""
+    replace = os.replace
+
+    def refused(source, target):
+        if str(source).endswith('ckpt.pt.tmp'):
+            raise PermissionError(13, 'Permission denied', str(target))
+        return replace(source, target)
+
+    monkeypatch.setattr(os, 'replace', refused)
+    result = train(workdir, '--out_dir=out_unwritable', '--max_iters=2', '--eval_interval=2', check=False)
+    monkeypatch.undo()
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "train.py: cannot write out_unwritable/ckpt.pt (PermissionError: [Errno 13] Permission denied: "
+        "'out_unwritable/ckpt.pt'); fix out_dir, no checkpoint written")
+    assert not (workdir / 'out_unwritable' / '.lock.pid').exists()
+
+
+def test_a_lock_whose_unlock_fails_is_let_go_without_an_error(tmp_path):
+    """An unlock that fails (out_dir's file system gone) is left to the OS, which lets go at the process's
+    end; the .pid file goes, and nothing is raised at the end of a run."""
+    held, _ = locks.try_lock(str(tmp_path / '.lock'), 'test.py')
+    unlock = held.lock.release
+
+    def stale(*args, **kwargs):
+        unlock(*args, **kwargs)
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    held.lock.release = stale
+    held.release()
+    assert not (tmp_path / '.lock.pid').exists()
 
 
 def small_checkpoint(step):

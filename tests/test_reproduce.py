@@ -21,6 +21,7 @@ from ablations import AblationConfig, build_model
 from configurator import configure
 from lab.reproduce import REPO, crossing_step, loglinear_fit, mean_std, paired_t, parameters_for_loss
 from testing import train_defaults
+from vrl.data import validation_sets
 from vrl.settings import check as settings_check
 
 
@@ -548,6 +549,22 @@ def test_per_domain_losses_get_a_table_and_single_corpus_runs_none():
     assert reproduce.domain_rows({'vanilla': {'runs': [*groups['vanilla']['runs'], run(None)]}}) == []
 
 
+@pytest.mark.parametrize('scale', reproduce.SCALES)
+def test_every_runs_evaluation_fits_its_scales_validation_split(tmp_path, scale):
+    """Each run of every suite at each scale, its settings as train.py gets them, against the validation split
+    prepare.py makes for its scale (shakespeare_gpt2 for gpu: 271 windows of 512 tokens, where eval_iters=20
+    took 640): train.py's own check (validation_sets) passes, so no run stops at its first evaluation."""
+    dataset = reproduce.SCALES[scale]['dataset']
+    tokenizer = ['--tokenizer=gpt2'] if 'gpt2' in dataset else []
+    prepared = subprocess.run([sys.executable, REPO / 'prepare.py', f'--out_dir={tmp_path / dataset}', *tokenizer],
+                              capture_output=True, text=True)
+    assert prepared.returncode == 0, prepared.stderr
+    shapes = {(s['eval_iters'], s['batch_size'], s['block_size']) for suite in reproduce.SUITES
+              for _, _, s in reproduce.suite_runs(suite, scale, [1337]) if s['dataset'] == dataset}
+    for eval_iters, batch_size, block_size in sorted(shapes):
+        validation_sets(str(tmp_path / dataset), None, eval_iters, batch_size, block_size)
+
+
 def test_the_probe_trains_every_flag_that_changes_what_a_variant_computes(monkeypatch):
     """An ablation flag (value_mapping='identity', say) reaches the probe's run, so a change to its formula
     makes the runs that set it stale; shapes and schedules stay the probe's own."""
@@ -805,6 +822,20 @@ def test_the_lengths_report_fits_svformers_critical_point_against_length():
     groups['svformer T=128']['runs'][1]['train_curve'] = [[s, loss - 0.1 - s / 1000] for s, loss in base]
     assert '| 128 | no crossing in 600 steps | none: 1 of 2 seeds\' lines do not rise |' in \
         reproduce.critical_point_rows(groups)
+
+
+@pytest.mark.parametrize('ending', [
+    'os.kill(os.getpid(), signal.SIGTERM)',
+    'print("train.py: stopped by SIGINT at step 2", file=sys.stderr); sys.exit(130)'],
+    ids=['killed by SIGTERM', 'train.py stopped by SIGINT'])
+def test_a_stop_during_the_probe_is_said_as_a_stop_not_as_unprepared_data(monkeypatch, ending):
+    monkeypatch.setattr(reproduce, 'train_command', lambda *args, **kwargs: [
+        sys.executable, '-c', f'import os, signal, sys; {ending}'])
+    with pytest.raises(SystemExit) as stopped:
+        REAL_PROBE(dict(variant='vanilla', seed=1))
+    name = 'SIGTERM' if 'kill' in ending else 'SIGINT'
+    assert stopped.value.code == (f"reproduce.py: stopped by {name} during a probe run (3 steps that check "
+                                  f"today's code); the same command goes on where the runs stand")
 
 
 def test_a_stop_that_comes_while_a_run_is_set_up_stops_that_run(tmp_path, monkeypatch):

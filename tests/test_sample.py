@@ -14,6 +14,7 @@ import torch
 
 from model import GPT, GPTConfig
 from testing import run_script, with_stdout_closed
+from vrl import run_folder
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 SAMPLE_PY = os.path.join(HERE, 'sample.py')
@@ -74,6 +75,9 @@ def runs(tmp_path_factory):
     checkpoint = torch.load(root / 'vanilla' / 'ckpt.pt', weights_only=True)
     (root / 'no_meta').mkdir()
     torch.save({k: v for k, v in checkpoint.items() if k != 'data_meta'}, root / 'no_meta' / 'ckpt.pt')
+    (root / 'damaged_best').mkdir()  # a good ckpt.pt, and a best.pt that no longer matches its checksum
+    torch.save(checkpoint, root / 'damaged_best' / 'ckpt.pt')
+    torch.save(checkpoint | {'checksum': run_folder.checksum(checkpoint) + 1}, root / 'damaged_best' / 'best.pt')
     (root / 'nan').mkdir()
     checkpoint['model']['lm_head.weight'][0, 0] = float('nan')
     torch.save(checkpoint, root / 'nan' / 'ckpt.pt')
@@ -187,11 +191,19 @@ def test_reported_kv_cache_bytes_are_the_models_cache(runs, variant, key_layers,
     ('vanilla', ['--start=the ', '--seed=99999999999999999999999'],
      ['seed=99999999999999999999999', '2**64 - 1']),
     ('no_meta', ['--start=the '], ['no_meta/ckpt.pt has no data_meta']),
-    ('nan', ['--start=the '], ['nan/ckpt.pt holds NaN or inf weights (lm_head.weight)', 'best.pt']),
+    ('nan', ['--start=the '], ['nan/ckpt.pt holds NaN or inf weights (lm_head.weight)', 'its run diverged; '
+                                're-train or point to another checkpoint']),
 ])
 def test_bad_input_exits_with_one_line(runs, run, args, words):
     message = sample_error(runs / run, *args)
     assert all(word in message for word in words), message
+
+
+def test_a_damaged_best_pt_is_answered_with_the_runs_other_checkpoint(runs):
+    """A best.pt that fails its checksum: the advice names the run's ckpt.pt (not best.pt, which it is)."""
+    assert sample_error(runs / 'damaged_best', '--start=the ', '--ckpt=best.pt') == (
+        f"checkpoint {runs / 'damaged_best' / 'best.pt'} is damaged: it no longer matches the checksum written "
+        f"with it (a flipped byte on disk or in a copy); use {runs / 'damaged_best' / 'ckpt.pt'} instead")
 
 
 def test_command_line(runs):

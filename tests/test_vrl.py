@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from test_train import TINY, run, workdir  # noqa: F401
 from vrl import cli, data, hardware, locks, metrics, run_folder, settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
@@ -132,6 +133,40 @@ for _ in range(40):
     time.sleep(0.05)
 open(sys.argv[2], 'w').write('saved')
 """
+
+
+# runs train.py (argv[1:]) with a Ctrl-C that lands inside tqdm as it first calls tqdm.std's WHERE: as it
+# makes its write lock for train.py's first line, or as it starts drawing the progress bar
+CTRL_C_IN_TQDM = """import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+import tqdm.std
+owner, name = os.environ['WHERE'].split('.')
+cls = getattr(tqdm.std, owner)
+real = getattr(cls, name)
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+setattr(cls, name, staticmethod(interrupted) if isinstance(cls.__dict__[name], (staticmethod, classmethod))
+        else interrupted)
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('where', ['TqdmDefaultWriteLock.__init__', 'tqdm._get_free_pos'])
+def test_a_ctrl_c_while_tqdm_draws_the_first_lines_stops_in_one_line(workdir, where):
+    """A Ctrl-C that lands inside tqdm as train.py draws its first line (tqdm then lets go of a lock it never
+    took: a traceback under the stop's line) or its progress bar (a half-made bar whose __del__ fails) is
+    held for the loop, which starts right after and stops at step 0: one line, exit 130, nothing saved."""
+    script = workdir / 'ctrl_c_in_tqdm.py'
+    script.write_text(CTRL_C_IN_TQDM)
+    result = run([script, os.path.join(REPO, 'train.py'), *TINY, '--out_dir=out_ctrl_c_in_tqdm'], workdir,
+                 check=False, env=dict(os.environ, WHERE=where))
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert 'Traceback' not in result.stderr and 'Exception ignored' not in result.stderr, result.stderr
+    assert result.stdout.splitlines()[-1] == ('train.py: stopped by SIGINT at step 0; nothing new to save; no '
+                                              'checkpoint written')
+    assert not (workdir / 'out_ctrl_c_in_tqdm').exists()
 
 
 @pytest.mark.skipif(not hasattr(os, 'openpty'), reason='needs a pseudo-terminal')

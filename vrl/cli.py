@@ -67,10 +67,18 @@ def refuse_pipe(path, what, fix):
     socket or device: opening one to read waits for a writer, perhaps forever. The one rule for every file a
     script reads whole (config files, checkpoints, meta.json, a prompt), called before opening it; a path
     that is missing, a folder or unreadable is left to the open() that follows, which says which."""
+    if file_kind(path) not in (None, 'a folder'):
+        raise SystemExit(f"{what} {path} is not a regular file (a pipe or device may wait forever for a "
+                         f"writer); {fix}")
+
+
+def file_kind(path):
+    """What path is where a file is wanted: 'a folder', 'a pipe (FIFO)', 'a device', 'a socket', or None for
+    a regular file or a path that cannot be looked at (missing, say)."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise SystemExit(f"{what} {path} is not a regular file (a pipe or device may wait forever for a "
-                         f"writer); {fix}")
+        return None
+    kinds = ((stat.S_ISDIR, 'a folder'), (stat.S_ISFIFO, 'a pipe (FIFO)'), (stat.S_ISSOCK, 'a socket'))
+    return next((kind for is_kind, kind in kinds if is_kind(mode)),
+                None if stat.S_ISREG(mode) else 'a device')

@@ -47,7 +47,10 @@ class Lock:
             # Windows refuses to remove an open file; there filelock removes it on release
             with contextlib.suppress(OSError):
                 os.remove(self.path)
-        self.lock.release()
+        # an unlock that fails (the folder's file system gone, an NFS handle gone stale) is left to the OS,
+        # which lets go of the lock when the process ends: a run's end does not fail over it
+        with contextlib.suppress(OSError):
+            self.lock.release()
 
 
 def me():

@@ -234,6 +234,8 @@ class RunFolder:
             os.replace(written, self.ckpt_path)
             flush_folder(self.out_dir)
         except Exception as e:  # any, in a thread too, is the run's one line (a full disk: a RuntimeError)
+            if not isinstance(e, OSError) and at_file_size_limit(written):  # torch.save's words hide EFBIG
+                e = OSError(errno.EFBIG, os.strerror(errno.EFBIG))
             for partial in (written, best_written):  # gone now, not at the next start
                 with contextlib.suppress(OSError):
                     os.remove(partial)
@@ -266,8 +268,8 @@ class RunFolder:
 
     @property
     def kept(self):
-        """What a run that stops now leaves, for the line that says why it stopped (after the background
-        write under way, if any, which may be that checkpoint)."""
+        """What a run that stops now leaves, for the line that says why it stopped: once the write under way
+        has landed (the process's end waits for it anyway)."""
         if self.writing:
             self.writing.join()
         return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
@@ -275,8 +277,13 @@ class RunFolder:
 
     def cannot_write(self, path, error):
         """The line that ends a run whose write of path failed."""
-        why = "no space left on device" if is_disk_full(error) else f"{type(error).__name__}: {error}"
-        return f"train.py: cannot write {path} ({why}); free disk space or fix out_dir, {self.kept}"
+        if getattr(error, 'errno', None) == errno.EFBIG:  # not the disk: this process may write no more
+            return (f"train.py: cannot write {path} (past the file size limit, `ulimit -f`); raise the "
+                    f"limit (`ulimit -f unlimited`), {self.kept}")
+        if is_disk_full(error):
+            return f"train.py: cannot write {path} (no space left on device); free disk space or fix out_dir, " \
+                   f"{self.kept}"
+        return f"train.py: cannot write {path} ({type(error).__name__}: {error}); fix out_dir, {self.kept}"
 
 
 def flush_to_disk(path):
@@ -318,6 +325,17 @@ def is_disk_full(error):
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return any(words in str(error) for words in ('unexpected pos', 'file write failed', 'No space left'))
+
+
+def at_file_size_limit(path):
+    """Whether path has grown to this process's file size limit (`ulimit -f`; none on Windows), where a write
+    fails with EFBIG, which torch.save's zip writer reports in the words of a full disk."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        return limit != resource.RLIM_INFINITY and os.path.getsize(path) >= limit
+    except (ImportError, OSError):
+        return False
 
 
 def checksum(checkpoint):
@@ -388,15 +406,14 @@ def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
     except Exception:  # truncated, or not written by torch.save
         # never retry with weights_only=False: it runs code
         raise SystemExit(f"checkpoint {path} is unreadable: truncated, or not a checkpoint written by "
-                         f"train.py; re-train or point to another checkpoint") from None
+                         f"train.py; {another_checkpoint(path)}") from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_args'} <= checkpoint.keys():
         raise SystemExit(f"checkpoint {path} is unreadable: not a checkpoint written by train.py "
                          "(no model or model_args)")
     if ('checksum' in checkpoint and checksum(checkpoint) != checkpoint['checksum']
             or 'checksums' in checkpoint and tensor_checksums(checkpoint) != checkpoint['checksums']):
         raise SystemExit(f"checkpoint {path} is damaged: it no longer matches the checksum written with it "
-                         "(a flipped byte on disk or in a copy); use another checkpoint (best.pt is a "
-                         "separate file)")
+                         f"(a flipped byte on disk or in a copy); {another_checkpoint(path)}")
     if 'data_meta' not in checkpoint:  # what sample.py, eval.py and analyze.py read its text with
         raise SystemExit(f"checkpoint {path} has no data_meta, so the tokenizer its text needs is unknown; "
                          "point to a checkpoint written by train.py")
@@ -411,8 +428,17 @@ def load_checkpoint(path, device='cpu', model_type=build_model, resuming=False):
                    if w.is_floating_point() and not torch.isfinite(w).all()), None)
     if broken and not resuming:
         raise SystemExit(f"checkpoint {path} holds NaN or inf weights ({broken}): its run diverged; "
-                         "point to an earlier checkpoint (best.pt)")
+                         f"{another_checkpoint(path)}")
     return model.to(device), checkpoint
+
+
+def another_checkpoint(path):
+    """The advice for a checkpoint that cannot be used: the other checkpoints of its run beside it, each a
+    separate file (for best.pt: ckpt.pt and ckpt.prev.pt), where there are any."""
+    folder, name = os.path.split(path)
+    others = [os.path.join(folder, other) for other in ('best.pt', 'ckpt.pt', PREVIOUS)
+              if other != name and os.path.isfile(os.path.join(folder, other))]
+    return f"use {' or '.join(others)} instead" if others else "re-train or point to another checkpoint"
 
 
 def current_args(model_args):
@@ -469,23 +495,37 @@ def check_resume(checkpoint, ckpt_path, saved_model_config, model_config, config
         data_dir = os.path.join('data', config['dataset'])  # (train.py's config has no data_dir)
         raise SystemExit(f"train.py: {data_dir} is not the data {ckpt_path} was trained on "
                          f"(meta.json differs in {', '.join(differ)}); resume with "
-                         f"--dataset={saved_config['dataset']} as it was prepared, or start over with "
-                         f"--overwrite=True")
+                         f"--dataset={saved_config['dataset']} as it was prepared, {ELSEWHERE}")
     if saved_model_config != model_config:
         changed = [f.name for f in fields(GPTConfig)
                    if getattr(saved_model_config, f.name) != getattr(model_config, f.name)]
         raise SystemExit(f"train.py: the settings give a different model than {ckpt_path} "
                          f"({', '.join(changed)}); resume with the settings it was trained with")
     # a setting added to train.py since the checkpoint was written counts as unchanged
-    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in config if key not in
-               MAY_CHANGE_ON_RESUME and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
+    keys = [key for key in config if key not in MAY_CHANGE_ON_RESUME
+            and as_lists(saved_config.get(key, config[key])) != as_lists(config[key])]
+    changed = [f"{key}={saved_config[key]!r} (now {config[key]!r})" for key in keys]
     for key, what in SEQUENCES:
         before, now = saved_config[key] * saved_config['batch_size'], config[key] * config['batch_size']
         if before != now:
             changed.append(f"{key} x batch_size = {before} sequences {what} (now {now})")
+            keys += [key, 'batch_size']
     if changed and not eval_only:
+        flags = ' '.join(dict.fromkeys(as_flag(key, saved_config[key]) for key in keys))
         raise SystemExit(f"train.py: {ckpt_path} was trained with other settings: {', '.join(changed)}; "
-                         f"resume with the settings it was trained with, or start over with --overwrite=True")
+                         f"resume with the settings it was trained with ({flags}), {ELSEWHERE}")
+
+
+# the other way out of a refused resume: never --overwrite=True, which deletes a run that is fine
+ELSEWHERE = "or train with these in another --out_dir (--overwrite=True would delete this run)"
+
+
+def as_flag(key, value):
+    """A setting as train.py's command line takes it, ready to paste into a shell: a string as typed
+    (--dtype=auto), any other value as a Python literal, in double quotes where the shell would read it
+    ("--lr_scales=[['wte.weight',2]]")."""
+    flag = f"--{key}={value if isinstance(value, str) else repr(as_lists(value)).replace(', ', ',')}"
+    return flag if re.fullmatch(r'[\w.,=+:/-]*', flag) else f'"{flag}"'
 
 
 def as_lists(value):

@@ -1,7 +1,8 @@
 """
 How a run stops. StopSignals: Ctrl-C, a scheduler's SIGTERM, a dropped ssh session's SIGHUP or SLURM's
-warning SIGUSR1 stop a run at once until its loop starts (nothing to save yet), then only at a step
-boundary, where train.py polls StopSignals.signal, saves and exits: a run never saves a half-made state.
+warning SIGUSR1 stop a run at once until its loop starts (nothing to save yet; one that lands inside tqdm
+waits for the loop, a moment later), then only at a step boundary, where train.py polls
+StopSignals.signal, saves and exits: a run never saves a half-made state.
 A second Ctrl-C stops at once. Errors inside the loop end the rank in one line, under torchrun too.
 Imports no torch at module level: train.py imports this first, so Ctrl-C during the imports is caught.
 """
@@ -35,9 +36,15 @@ class StopSignals:
             sys.stderr = Quiet(sys.stderr)
             atexit.register(sys.stderr.say_a_lone_failure)
 
-    def on_signal(self, signum, _frame):
+    def on_signal(self, signum, frame):
         if self.polling and not (self.signal and signum == signal.SIGINT):
             self.signal = self.signal or signum
+            return
+        if not self.signal and in_tqdm(frame):
+            # tqdm cut short mid-draw (train.py's first lines, its progress bar) fails in its cleanup (a lock
+            # let go that it never took) with a traceback under the stop's line: the stop is held for the
+            # loop, which starts right after those lines and stops at its first step boundary
+            self.signal = signum
             return
         if isinstance(sys.stderr, Quiet):  # torchrun ends the ranks (another failed), or the user does
             sys.stderr.held = None
@@ -49,12 +56,13 @@ class StopSignals:
     @contextlib.contextmanager
     def caught(self, ddp, run):
         """Run train.py's loop: a stop signal is noted, not acted on, and an error ends the rank with
-        one line (end_rank)."""
+        one line (end_rank), as does the failure of the last checkpoint's write (in the background)."""
         if isinstance(sys.stderr, Quiet):
             sys.stderr = sys.stderr.stderr
         self.polling = True
         try:
             yield
+            run.wait()  # the last checkpoint, written in the background, on disk: or its failure ends the rank
         except (SystemExit, RuntimeError) as error:
             run.let_go()
             leave_group()
@@ -63,6 +71,17 @@ class StopSignals:
             run.let_go()
         finally:
             self.polling = False
+
+
+def in_tqdm(frame):
+    """Whether frame, or a frame that called it, runs tqdm's code."""
+    tqdm = sys.modules.get('tqdm')
+    folder = tqdm and os.path.dirname(tqdm.__file__) + os.sep
+    while folder and frame:
+        if frame.f_code.co_filename.startswith(folder):
+            return True
+        frame = frame.f_back
+    return False
 
 
 # How gloo and NCCL say that a collective failed because another rank had exited or failed
