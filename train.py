@@ -360,8 +360,8 @@ with stop.caught(ddp, run), progress, reader:
         trained_this_launch = iter_num > first_step
         at_interval = ckpt_interval and iter_num % ckpt_interval == 0
         saving = after_eval or (trained_this_launch and (stopping or at_interval))
-        if saving:  # a stop's save in the foreground: the process ends right after it
-            save(best, background=not stopping)
+        if saving:  # a stop's or the last step's in the foreground: the process ends after it
+            save(best, background=not stopping and iter_num < max_iters)
         if evaluated:
             say(f"step {iter_num}: val loss {val_loss:.4f}{said} (best {best_val_loss:.4f})")
             t_log, steps_timed = time.time(), 0  # the evaluation's time is not training's

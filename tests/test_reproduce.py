@@ -222,7 +222,8 @@ def test_run_names_identify_settings():
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
                                            + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3
                                            + (7 + 2) * 2 * 3  # successors: 7, 2 widened, each depth
-                                           + 16 + 24)  # tuned's sweep, one seed: 16 new at 4 layers, 24 at 8
+                                           + 16 + 24  # tuned's sweep, one seed: 16 new at 4 layers, 24 at 8
+                                           + 3 + 5 + 5 + 5 + 3)  # tuned's 6 seeds at 4 layers (TUNED_BEST)
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
