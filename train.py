@@ -16,13 +16,14 @@ no need to open vrl/, ablations.py, configurator.py. Collectives (tests/test_col
                                 every 16 pieces of one
   evaluate  all_reduce          default, SUM of the losses: once a set scored (twice with val_full)
   save      all_reduce          default, SUM of the NaN count: each save
-  save      barrier             cpu_group: all wait for rank 0's host copy (a stop's save: its write)
-  loop      all_reduce x3       default, SUM at logs: NaN count (CPU: every step), loss, peak memory
+  save      barrier             cpu_group: all wait for rank 0's host copy (a stop's, the last: its write)
+  loop      all_reduce x3       default, SUM at logs: NaN count (CPU: every step), loss, CUDA's peaks
   end       all_reduce x2       default, MAX and MIN of the weights: once (the replicas agree)
   end       barrier             default: a run that went well waits for every rank, then
   end       destroy_process_group  tears both groups down
-  vrl/stops.py:leave_group destroy_process_group  any other exit from the loop (a stop, max_time,
-                                an error), after stop.caught joins the writer and frees the lock
+  vrl/stops.py:leave_group destroy_process_group  any other exit from the loop (a stop, max_time, a
+                                SystemExit or RuntimeError), after stop.caught joins the writer and
+                                frees the lock; other errors keep their traceback
 """
 import time
 _launched = time.time()  # max_time counts from here (private: not a setting)
@@ -324,7 +325,8 @@ progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, m
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
                             initargs=(device,))
 # from here a signal is noted, acted on at the next boundary (a 2nd Ctrl-C: at once); any exit but the
-# loop's end (stop, max_time, error: one line) joins the writer, frees the lock, destroys the group
+# loop's end (stop, max_time; a SystemExit or RuntimeError in one line) joins the writer, frees the
+# lock and destroys the group
 with stop.caught(ddp, run), progress, reader:
     t_log, steps_timed = time.time(), 0  # the wall clock of the steps since a log or evaluation
     pass_seconds, time_to_go_said = None, False  # an evaluation's time a pass, once timed
