@@ -470,7 +470,7 @@ def test_a_run_resumed_at_an_evaluation_does_not_repeat_it(workdir, straight, mo
     assert_same_weights(weights(workdir, 'out_no_repeat'), weights(workdir, 'out_straight'))
 
 
-STOP_AT_STEP = """import os, runpy, signal, sys, time
+STOP_AT_STEP = """import os, runpy, signal, sys, threading, time
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 stop_step, stop_rank, sys.argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
@@ -480,6 +480,9 @@ def stop_at_step(optimizer, args, kwargs):
     global updates
     updates += 1
     if updates == stop_step and os.environ.get('RANK', '0') == stop_rank:
+        for thread in threading.enumerate():  # the checkpoints before this step have landed: a kill
+            if thread.name == 'checkpoint writer':  # mid-write is a test of its own (SLOW_SAVE)
+                thread.join()
         os.kill(os.getpid(), signal.SIGSTOP)
 register_optimizer_step_post_hook(stop_at_step)
 save = torch.save
@@ -495,7 +498,7 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 def stopping_at(workdir, step, rank=0):
     """The start of a command line running train.py that stops itself (SIGSTOP) inside its step-th update on
     that rank, so a test signals it at a known step whatever the machine's load (polling the log lost that
-    race on a busy machine). With SLOW_SAVE=s in its environment, each checkpoint from that step on takes s
+    race on a busy machine), once the checkpoints written in the background before it have landed. With SLOW_SAVE=s in its environment, each checkpoint from that step on takes s
     seconds more to write."""
     script = workdir / 'stop_at_step.py'
     script.write_text(STOP_AT_STEP)
