@@ -126,6 +126,8 @@ class AblationConfig(GPTConfig):
         """GPTConfig's, with BASELINES and their λ too: neutreno_resformer mixes as Identity,
         shared_query and shared_key weigh layer 1's Q or K alone, (1, 0); SVFormer's anchors keep
         their own values, (0, 1)."""
+        if self.variant in VARIANTS and not self.anchors:  # a paper variant: model.py's flags and λ
+            return super().apply_variant()
         identity = self.variant == 'neutreno_resformer'
         rows = variant_lambdas('resformer_identity' if identity else self.variant, self.n_layer,
                                self.source_layer)

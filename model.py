@@ -93,7 +93,7 @@ class GPTConfig:
     lambda_mode: str = 'fixed'
     """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ softmax(λ')_n)"""
 
-    source_layer = 1  # the layer later ones mix in (ablations.py's residual_from='second': 2)
+    source_layer = 1  # layers up to it keep λ (0, 1); GPT mixes V1 in (ablations.py's V2 mix: 2)
 
     def __post_init__(self):
         """Fill in the defaults, a named variant's flags and λ; a bad setting is a ValueError."""

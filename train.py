@@ -121,8 +121,9 @@ tokens_per_iter = global_batch * block_size
 # prepare.py's files, checked; data.places(step, n): the step's n windows, from seed and step alone
 data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order, max_iters,
                     global_batch, eval_iters, batch_size, eval_full)
-# ablations.py's AblationConfig (GPTConfig + flags) of the settings, vocab padded to a multiple of 64;
-# no flag set (a paper variant): build_model returns model.py's GPT and λ (test_model.py checks each)
+# AblationConfig (ablations.py: model.py's GPTConfig + flags) of the settings, vocab padded to a multiple
+# of 64. A paper variant sets no flag: its λ are model.py's (the table under VARIANTS; the first line of
+# AblationConfig.apply_variant hands it to GPTConfig's), build_model returns model.py's GPT
 model_config = settings.model_config(config, data.meta['vocab_size'])
 # torchrun: cuda:LOCAL_RANK, made current; TF32 on CUDA; one line: a model too big, a big run on CPU
 device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)  # dtype: a name
@@ -316,8 +317,14 @@ def eval_passes(step):  # this rank's passes at step's evaluation (for the time 
     return sum(len(pieces(s)[ddp_rank::ddp_world_size]) for s in sets)
 
 # -----------------------------------------------------------------------------
-# the loop. At each step boundary, in this order: 1. stop? 2. evaluate? 3. save? 4. exit? then
-# train the step. ckpt.pt is written only in 3 (its cases there), at most once a boundary.
+# the loop. At each step boundary, in this order: 1. stop? 2. evaluate? 3. save? 4. exit? then train
+# the step. ckpt.pt is written only in 3, at most once a boundary (best.pt beside it when val improves):
+#   boundary                      2. evaluate  3. save ckpt.pt                     4. exit
+#   step 0 of a fresh run         yes          no (random weights)                 no
+#   every eval_interval steps     yes          yes, in the background              no
+#   every ckpt_interval steps     no           yes, in the background              no
+#   a stop signal or max_time     no           yes if this launch trained a step   128 + signal, or 0
+#   max_iters (the last)          yes          yes, in the foreground              0: the loop ends
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
