@@ -223,7 +223,9 @@ def test_run_names_identify_settings():
                                            + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3
                                            + (7 + 2) * 2 * 3  # successors: 7, 2 widened, each depth
                                            + 16 + 24  # tuned's sweep, one seed: 16 new at 4 layers, 24 at 8
-                                           + 3 + 5 + 5 + 5 + 3)  # tuned's 6 seeds at 4 layers (TUNED_BEST)
+                                           + 3 + 5 + 5 + 5 + 3  # tuned's 6 seeds at 4 layers (TUNED_BEST)
+                                           + 8 * 3)  # EXTRA_SEEDS where a verdict hinged: the Transformer,
+    # λ = 1 and 2, NeuTRENO, NeuTRENO-ResFormer, Identity ResFormer, DenseFormer and shared Q, 3 more each
     controls = [name for _, name, _ in reproduce.suite_runs('controls', 'cpu', [1337])]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@2_' in controls[2]
     assert 'lr_scales=blocks.0.attn.c_v.weight@2+blocks.0.attn.c_proj.weight@1.5_' in controls[4]
