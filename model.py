@@ -7,9 +7,10 @@ layer 1's values V1 into its own before attention:
 
 λ = (0, 1) is the Transformer, (0.5, 0.5) Identity ResFormer, (1, 0) SVFormer, whose layers n > 1
 then have no value projection and cache no values. Layers are numbered from 1, as in the paper:
-layer n is blocks[n - 1] and has λ row lambdas[n - 1]. ablations.py adds the baselines and ablations
-through five hooks that default to the paper: own, attention, block, source_layer, apply_variant's
-presets and lambdas. Cited: ICLR (ICLR 2025, OpenReview kn3GT7LbxT) or v5 (arXiv v5, second-hand).
+layer n is blocks[n - 1] and has λ row lambdas[n - 1]. ablations.py adds the baselines by subclassing
+GPTConfig (its source_layer, apply_variant, check, is_svformer_layer), the attention, Block, GPT and
+KVCache, and by the hooks own, attention, block: for a paper variant each gives model.py's (a test
+checks train.py's λ). Cited: ICLR (ICLR 2025, OpenReview kn3GT7LbxT) or v5 (arXiv v5, second-hand).
 """
 
 import math
@@ -235,8 +236,7 @@ def attention(q, k, v, dropout_p):
     if T == T_k:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                               enable_gqa=gqa)
-    # a chunk after a cache: SDPA's is_causal aligns the mask top-left, wrong here: build the mask
-    # (a single new token sees every cached position: it needs no mask)
+    # after a cache SDPA's is_causal would align the mask top-left: build it (one new token: none)
     mask = None if T == 1 else torch.ones(T, T_k, dtype=torch.bool, device=q.device).tril(T_k - T)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           enable_gqa=gqa)

@@ -6,29 +6,29 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
 
 It reads as nanoGPT's train.py: settings; data (read, get_batch, on_device, pieces); model,
 optimizer; get_lr, stop_now, eval_loss, evaluate, forward_backward, checkpoint, stop_unsaved, save,
-scores_every_window, evaluation, eval_passes; the loop. Each helper call's comment is its contract:
-no need to open vrl/, ablations.py, configurator.py. Collectives (tests/test_collectives.py checks):
+scores_every_window, evaluation, eval_passes; the loop (exits: its ways out). Each helper call's
+comment is its contract: no need to open vrl/, ablations.py, configurator.py. The collectives
+(tests/test_collectives.py checks this list against the code):
   start-up  init_process_group  default group: NCCL on CUDA, else gloo; 10-min timeout; once
   start-up  new_group           cpu_group: gloo, 60-min timeout (for rank 0's save); once
-  start-up  DDP                 default: rank 0's weights to all, once; the gradients' mean, in the
-                                backward of each step's last pass
+  start-up  DDP                 default: rank 0's weights to all, once (after a check of their shapes);
+                                the gradients' mean, in the backward of each step's last pass
   stop_now  all_reduce          cpu_group, MAX of the stop flag: each boundary, after an evaluation,
                                 every 16 pieces of one
   evaluate  all_reduce          default, SUM of the losses: once a set scored (twice with val_full)
   save      all_reduce          default, SUM of the NaN count: each save
-  save      barrier             cpu_group: all wait for rank 0's host copy (a stop's, the last: its write)
+  save      barrier             cpu_group: all wait for rank 0's host copy, or its write (foreground)
   loop      all_reduce x3       default, SUM at logs: NaN count (CPU: every step), loss, CUDA's peaks
   end       all_reduce x2       default, MAX and MIN of the weights: once (the replicas agree)
   end       barrier             default: a run that went well waits for every rank, then
   end       destroy_process_group  tears both groups down
-  vrl/stops.py:leave_group destroy_process_group  any other exit from the loop (a stop, max_time, a
-                                SystemExit or RuntimeError), after stop.caught joins the writer and
-                                frees the lock; other errors keep their traceback
+  vrl/stops.py:leave_group destroy_process_group  any other way out of the loop: a SystemExit or
+                                RuntimeError (a stop, max_time, an error), in exits()
 """
 import time
 _launched = time.time()  # max_time counts from here (private: not a setting)
 from vrl import stops  # first: Ctrl-C, even during the imports, ends in one line
-stop = stops.StopSignals()  # Ctrl-C, SIGTERM, SIGHUP, SIGUSR1: until stop.caught, exit 128+n at once
+stop = stops.StopSignals()  # Ctrl-C, SIGTERM, SIGHUP, SIGUSR1: until the loop (exits), exit 128+n
 
 import inspect
 import math
@@ -36,7 +36,7 @@ import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -199,8 +199,8 @@ if ddp:  # a hung or dead rank ends the job in 10 minutes, and on CUDA NCCL's fl
 cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60)) if ddp else None
 amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
-# DDP all-reduces the gradients in the backward, in buckets of a block's gradients or 25 MB (its
-# default) if larger, kept as views of its buckets; it never syncs buffers in forward: ours never change
+# DDP all-reduces the gradients in the backward, in buckets of max(25 MB, one block's fp32 gradients),
+# kept as views of its buckets; it never syncs buffers in forward: ours never change
 block_mb = 4 * sum(p.numel() for p in raw_model.blocks[0].parameters()) / 2 ** 20
 no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
     else 'broadcast_buffers'  # (newer torch renamed it)
@@ -285,14 +285,16 @@ def checkpoint():
 
 def stop_unsaved(why):
     """Stop without saving: the last good checkpoint stays. Every rank meets it alike (the losses and the
-    NaN count are all-reduced), so rank 0 alone says why, once; the others end quietly (exit 1)."""
+    NaN count are all-reduced), so rank 0 alone says why, once; the others end quietly (exit 1).
+    run.kept names the last checkpoint on disk, after waiting for a background write."""
     raise SystemExit(f"train.py: {why}; stopped without saving, {run.kept}" if master_process else 1)
 
 def save(best, background):
-    """Write the checkpoint, never of a step whose loss or gradient became NaN or inf (a GPU checks
-    only at log steps): run.save, rank 0's (none if save_checkpoint=False), writes best.pt first, each
-    a .tmp, fsynced, renamed; the old ckpt.pt stays as ckpt.prev.pt. background: a thread writes a host
-    copy (joined by the next save or at exit); the barrier waits for that copy, or a stop's write."""
+    """Write the checkpoint (rank 0's run.save; none if save_checkpoint=False), never of a step whose
+    loss or gradient became NaN or inf (a GPU checks only at log steps): best.pt first, each a .tmp,
+    fsynced, renamed; the old ckpt.pt stays as ckpt.prev.pt. Foreground: on disk when this returns.
+    Background: a thread writes a host copy; the next save, run.kept or exits() waits for it, and a
+    failed write ends the run there in one line. The barrier: all wait for rank 0's copy or write."""
     if ddp:
         all_reduce(nonfinite)
     if nonfinite.item():
@@ -323,7 +325,9 @@ def eval_passes(step):  # this rank's passes at step's evaluation (for the time 
 #   step 0 of a fresh run         yes          no (random weights)                 no
 #   every eval_interval steps     yes          yes, in the background              no
 #   every ckpt_interval steps     no           yes, in the background              no
-#   a stop signal or max_time     no           yes if this launch trained a step   128 + signal, or 0
+#   a stop signal or max_time     no (finishing  yes, in the foreground, if this   signal n: 128 + n;
+#                                 one under way) launch trained or evaluated       max_time: 0 (1 if
+#                                                                                  nothing was saved)
 #   max_iters (the last)          yes          yes, in the foreground              0: the loop ends
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
@@ -331,10 +335,26 @@ progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, m
 # reads step i+1's batch in step i; on CUDA set to the rank's GPU (else each opens a context on GPU 0)
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
                             initargs=(device,))
-# from here a signal is noted, acted on at the next boundary (a 2nd Ctrl-C: at once); any exit but the
-# loop's end (stop, max_time; a SystemExit or RuntimeError in one line) joins the writer, frees the
-# lock and destroys the group
-with stop.caught(ddp, run), progress, reader:
+
+@contextmanager
+def exits():
+    """The loop's ways out. A SystemExit (a stop, max_time, a one-line error) or RuntimeError (a failed
+    collective, out of memory): wait for the writer, free out_dir's lock, destroy the process group,
+    re-raise, as one line where known (stops.end_rank); another error keeps its traceback. The loop's
+    end: wait for the last background write (its failure: a SystemExit), free the lock."""
+    stop.listen()  # from here a signal is noted, for the next boundary (a 2nd Ctrl-C: ends at once)
+    try:
+        yield
+        run.wait()
+    except (SystemExit, RuntimeError) as error:
+        run.let_go()
+        stops.leave_group()
+        stops.end_rank(error, ddp)
+    finally:
+        stop.polling = False
+    run.let_go()
+
+with exits(), progress, reader:
     t_log, steps_timed = time.time(), 0  # the wall clock of the steps since a log or evaluation
     pass_seconds, time_to_go_said = None, False  # an evaluation's time a pass, once timed
     while True:

@@ -19,7 +19,7 @@ SIGNALS = [getattr(signal, name) for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SI
 
 
 class StopSignals:
-    """The stop signals of a train.py process, installed when made. Until the loop starts (caught()), a
+    """The stop signals of a train.py process, installed when made. Until the loop starts (listen()), a
     signal ends the process at once with one line (exit 128 + its number); from then on it is noted in
     `signal` (the first one's number; 0 = none) for train.py to act on at the next step boundary, and a
     second Ctrl-C ends the process at once. Under torchrun, ranks other than 0 keep quiet until the loop:
@@ -53,24 +53,11 @@ class StopSignals:
               if self.polling else " before training started; nothing saved"), file=sys.stderr)
         raise SystemExit(128 + signum)
 
-    @contextlib.contextmanager
-    def caught(self, ddp, run):
-        """Run train.py's loop: a stop signal is noted, not acted on, and an error ends the rank with
-        one line (end_rank), as does the failure of the last checkpoint's write (in the background)."""
+    def listen(self):
+        """From now on (train.py's loop) a signal is noted, not acted on, and ranks > 0 speak again."""
         if isinstance(sys.stderr, Quiet):
             sys.stderr = sys.stderr.stderr
         self.polling = True
-        try:
-            yield
-            run.wait()  # the last checkpoint, written in the background, on disk: or its failure ends the rank
-        except (SystemExit, RuntimeError) as error:
-            run.let_go()
-            leave_group()
-            end_rank(error, ddp)
-        else:
-            run.let_go()
-        finally:
-            self.polling = False
 
 
 def in_tqdm(frame):
