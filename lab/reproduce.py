@@ -1121,6 +1121,42 @@ def kv_rows(groups):
             '| group | KV bytes ratio | loss gap | parameters ratio |', '|---|---|---|---|'] + rows
 
 
+def successor_rows(groups):
+    """Each successor against Identity ResFormer of its depth, and against the Transformer widened to its
+    parameters where there is one (the widened group of its depth whose parameters are nearest its own,
+    within 1%), paired seed by seed; its parameters and KV cache against the Transformer's."""
+    said = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
+
+    def against(label, other):
+        if other is None or not groups[other]['runs']:
+            return '– | – | –'
+        mean, t, n = paired_difference(groups, [(1, label)], [(1, other)])
+        return '– | – | –' if n == 0 else f"{mean:+.4f} | {fmt_t(t, n)} | {said[verdict(t, n)] if n > 1 else '–'}"
+
+    rows = []
+    for label, group in groups.items():
+        depth = label.rsplit(' ', 1)[-1]
+        if not group['runs'] or label.startswith((BASELINE, 'resformer_identity')):
+            continue
+        base, params = groups[group['baseline']], group['runs'][0]['params']
+        wide = [other for other, g in groups.items() if other.startswith(f'{BASELINE} ffn=')
+                and other.endswith(f' {depth}') and g['runs']
+                and abs(g['runs'][0]['params'] / params - 1) < SUCCESSOR_MATCHED]
+        matched = min(wide, key=lambda other: abs(groups[other]['runs'][0]['params'] - params), default=None)
+        ratios = ('–', '–') if not base['runs'] else (
+            f"{params / base['runs'][0]['params']:.4f}",
+            f"{group['runs'][0]['kv_bytes_per_token'] / base['runs'][0]['kv_bytes_per_token']:.2f}")
+        rows.append(f"| {label} | {ratios[0]} | {ratios[1]} | "
+                    f"{against(label, f'resformer_identity {depth}')} | {against(label, matched)} | "
+                    f"{matched or 'none (adds ≤ 1%)'} |")
+    return ['', "Each successor against Identity ResFormer of its depth and against a Transformer of its "
+            "parameters (Δ: mean final loss difference, paired by seed; the verdict as above); parameters "
+            "and KV bytes a token as ratios to the Transformer's:", '',
+            '| group | parameters ×T | KV ×T | Δ vs Identity ResFormer | t | verdict | Δ vs a Transformer '
+            'of its parameters | t | verdict | that Transformer |',
+            '|---|---|---|---|---|---|---|---|---|---|'] + rows
+
+
 def plot(suite, groups, out_dir):
     """PNG plots, when matplotlib is installed: validation curves, and each suite's own view."""
     try:
@@ -1390,7 +1426,7 @@ def write_report(suite, scale, seeds, results_dir, today=None):
     lines += domain_rows(groups)
     extra = {'variants': grad_rows, 'depth': grad_rows, 'lr': grad_rows, 'scaling': scaling_rows,
              'kv': kv_rows, 'value_bank': kv_rows, 'controls': grad_rows, 'optimizer': optimizer_rows,
-             'muon_lr': muon_lr_rows, 'lengths': critical_point_rows}
+             'muon_lr': muon_lr_rows, 'lengths': critical_point_rows, 'successors': successor_rows}
     lines += extra.get(suite, lambda g: [])(groups)
     lines += ['', *(f'![{name}]({name})' for name in plot(suite, groups, out_dir))]
     (out_dir / 'README.md').write_text('\n'.join(lines) + '\n')

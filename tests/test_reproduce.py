@@ -612,6 +612,27 @@ def test_optimizer_rows_pair_each_gain_with_its_own_optimizers_transformer():
     assert cells[4].startswith('+0.0933')
 
 
+
+def test_successor_rows_pair_each_with_identity_and_a_transformer_of_its_parameters():
+    """A successor's row: its Δ against Identity ResFormer of its depth and against the widened Transformer
+    whose parameters are within 1% of its own (not another depth's, not one 5% off), each paired by seed."""
+    def group(losses, params, kv=2048):
+        return {'runs': [{'final_val_loss': x, 'params': params, 'kv_bytes_per_token': kv} for x in losses],
+                'seeds': [1, 2, 3], 'baseline': 'vanilla L4'}
+    groups = {'vanilla L4': group([2.0, 2.1, 2.2], 1000), 'resformer_identity L4': group([1.9, 2.0, 2.1], 1000),
+              'mhc L4': group([1.95, 2.06, 2.13], 1100), 'satformer L4': group([1.91, 2.02, 2.0], 1001),
+              'vanilla ffn=600 L4': group([1.99, 2.09, 2.2], 1099),
+              'vanilla ffn=700 L4': group([1.0, 1.0, 1.0], 1150), 'vanilla ffn=600 L8': group([1.0, 1.0, 1.0], 1100)}
+    rows = {line.split(' | ')[0][2:]: line.strip('| ').split(' | ')
+            for line in reproduce.successor_rows(groups) if line.startswith('| ') and ' L4 ' in line}
+    assert set(rows) == {'mhc L4', 'satformer L4'}
+    mhc = rows['mhc L4']
+    assert mhc[1:3] == ['1.1000', '1.00']
+    assert mhc[3] == '+0.0467' and mhc[5] == 'behind'  # +0.05, +0.06, +0.03 against Identity: t 5.3
+    assert mhc[6] == '-0.0467' and mhc[9] == 'vanilla ffn=600 L4'
+    assert rows['satformer L4'][9] == 'none (adds ≤ 1%)' and rows['satformer L4'][5] == 'unresolved'
+
+
 def test_muon_lr_rows_compare_at_the_transformers_rate_and_at_each_ones_own():
     """Identity's best rate differs from the Transformer's: the two Δ differ, each from the right losses;
     more seeds at the best rates give a paired mean ± std (t), and the best rate stays the sweep seed's."""
