@@ -57,8 +57,16 @@ The paper's other analyses (ICLR: the ICLR 2025 text):
                     (ablations.py's Heads.fresh), not the mixed V'_n the model's stats give as what the layer
                     attends over (value_norm's); a layer with no W_V of its own (SVFormer's layers n > 1, the
                     second layer of a CLA pair) has what it attends over instead (V1, the layer below's)
+  value_eig_max_rel the largest eigenvalue over the sum of them all (the trace, the values' mean squared norm),
+                    per window, then averaged: the share of the values' energy along their top direction, in
+                    (0, 1], 1 for values along one direction. The raw eigenvalues scale with the squared value
+                    norm, and V1 can be several times larger than later layers' values (or than another
+                    model's V1), so comparing value_eig_max mostly compares norms; this share does not
+  value_erank       the effective rank: exp of the entropy of the eigenvalues over their trace, from 1 (one
+                    direction) to n_kv_head x head_dim (equal energy in every direction); also norm-free
   value_spectrum_1  (metrics.json only) layer 1's full spectrum of the same matrix, n_kv_head x head_dim
                     eigenvalues, largest first: ICLR Fig. 12's
+  value_spectrum_1_rel   (metrics.json only) the same, each window's divided by its trace: it sums to 1
   cross_cos_approx, cross_cos_identity   ICLR Fig. 4, on a Transformer (a checkpoint of another model leaves
                     them empty): for layer n >= 2 and m = n - 1, cross-layer attention's output (ICLR Eqn. 2:
                     one softmax over Q_n [K_n; K_m]^T / √d_h, each half causal, values [V_n; V_m]) against ICLR
@@ -72,7 +80,7 @@ ICLR Fig. 1 Left compares the entropy of a model at initialisation with the trai
 
 Writes <out>/metrics.json (every run, and each group's mean and std; an empty cell is null), <out>/metrics.csv
 (per group and layer) and, if matplotlib is installed, <out>/<metric>.png: one line per group against depth,
-± std shaded, and value_spectrum_1.png and importance_by_position.png.
+± std shaded, and value_spectrum_1.png, value_spectrum_1_rel.png and importance_by_position.png.
 """
 import contextlib
 import csv
@@ -122,8 +130,10 @@ POST_ANALYSES = {'value_cos_v1': "cos V1,V'n", 'hidden_cos_h1': 'cos H1,Hn', 'sk
 TOKEN_IMPORTANCE = {  # ICLR A.2: the k-th largest token importance, k = 1, 2, 3, 10, and the top 1% rank
     'importance_top1': 'top-1', 'importance_top2': 'top-2', 'importance_top3': 'top-3',
     'importance_top10': 'top-10', 'importance_top1pct': 'top-1%'}
-VALUES_AND_CROSS = {'value_eig_max': 'eig max', 'cross_cos_approx': 'cos ½A(Vn+Vm)',  # ICLR Fig. 12, Fig. 4
-                    'cross_cos_identity': 'cos AVn+Vm'}
+VALUES_AND_CROSS = {'value_eig_max': 'eig max', 'value_eig_max_rel': 'eig max/trace',  # ICLR Fig. 12
+                    'value_erank': 'eff. rank',
+                    'cross_cos_approx': 'cos ½A(Vn+Vm)', 'cross_cos_identity': 'cos AVn+Vm'}  # ICLR Fig. 4
+SPECTRA = {'value_spectrum_1': 'eigenvalues', 'value_spectrum_1_rel': 'eigenvalues over their trace'}
 METRICS = {**CONCENTRATION, **POST_ANALYSES, **TOKEN_IMPORTANCE, **VALUES_AND_CROSS}
 TOP_K = {'importance_top1': 1, 'importance_top2': 2, 'importance_top3': 3, 'importance_top10': 10,
          'importance_top1pct': None}  # None: ceil(T / 100)
@@ -172,6 +182,18 @@ def second_moment_eigenvalues(values):
     B, T, D = values.shape
     singular = torch.linalg.svdvals(values.double() / math.sqrt(T))  # (B, min(T, D)), descending
     return F.pad(singular.square(), (0, D - singular.size(-1)))
+
+
+def share_of_trace(eigenvalues):
+    """Eigenvalues (..., D) over their sum, the trace, which is the values' mean squared norm: the share of
+    their energy along each direction, the same whatever their norm."""
+    return eigenvalues / eigenvalues.sum(dim=-1, keepdim=True)
+
+
+def effective_rank(shares):
+    """exp of the entropy of eigenvalue shares (..., D) (share_of_trace): 1 when one direction holds all
+    the energy, D when every direction holds as much."""
+    return torch.exp(-torch.special.xlogy(shares, shares).sum(dim=-1))  # xlogy: 0 ln 0 = 0
 
 
 def cross_layer_similarity(layer, previous):
@@ -232,7 +254,7 @@ def is_transformer(config):
 
 
 def paper_metrics(stats, heads, transformer):
-    """({metric: (n_layer, B)} of TOKEN_IMPORTANCE and VALUES_AND_CROSS, {'value_spectrum_1': (B, D),
+    """({metric: (n_layer, B)} of TOKEN_IMPORTANCE and VALUES_AND_CROSS, {SPECTRA's: (B, D),
     'importance_by_position': (n_layer, B, min(T, POSITIONS))}) from the stats a forward pass filled and its
     layers' Heads (recorded_heads); transformer: compute ICLR Fig. 4's cosines (NaN otherwise, and in
     layer 1)."""
@@ -242,16 +264,18 @@ def paper_metrics(stats, heads, transformer):
         T = p.size(-1)
         own = layer.v if layer.fresh is None else layer.fresh  # V_n; with no W_V, what it attends over
         spectrum = second_moment_eigenvalues(heads_side_by_side(own))
-        spectra.append(spectrum)
+        shares = share_of_trace(spectrum)
+        spectra.append((spectrum, shares))
         nan = torch.full(p.shape[:-1], math.nan, dtype=torch.float64)
         approx, identity = (cross_layer_similarity(layer, heads[n - 2]) if transformer and n > 1
                             else (nan, nan))
         rows.append({name: top_k_importance(p, k or top_1pct_rank(T)) for name, k in TOP_K.items()}
-                    | {'value_eig_max': spectrum[:, 0], 'cross_cos_approx': approx,
+                    | {'value_eig_max': spectrum[:, 0], 'value_eig_max_rel': shares[:, 0],
+                       'value_erank': effective_rank(shares), 'cross_cos_approx': approx,
                        'cross_cos_identity': identity})
         positions.append(p[:, :POSITIONS])
     return ({name: torch.stack([row[name].double() for row in rows]) for name in rows[0]},
-            {'value_spectrum_1': spectra[0], 'importance_by_position': torch.stack(positions)})
+            {**dict(zip(SPECTRA, spectra[0])), 'importance_by_position': torch.stack(positions)})
 
 
 @contextlib.contextmanager
@@ -406,8 +430,8 @@ def validation_windows(data_dir, checkpoint_meta, kind, num_seqs, seq_len):
 
 @torch.no_grad()
 def analyze(model, windows, desc):
-    """{metric: per-layer mean over the windows, 'value_spectrum_1' and 'importance_by_position': their means
-    over the windows, 'loss': the model's loss on them}."""
+    """{metric: per-layer mean over the windows, SPECTRA's and 'importance_by_position': their means over
+    the windows, 'loss': the model's loss on them}."""
     per_window, profiles, losses = [], [], []
     transformer = is_transformer(model.config)
     # one window at a time: the attention probabilities alone
@@ -423,7 +447,8 @@ def analyze(model, windows, desc):
         profiles.append(profile)
         losses.append(loss)
     metrics = {name: torch.cat([m[name] for m in per_window], dim=1).mean(dim=1).tolist() for name in METRICS}
-    metrics['value_spectrum_1'] = torch.cat([p['value_spectrum_1'] for p in profiles]).mean(dim=0).tolist()
+    for name in SPECTRA:
+        metrics[name] = torch.cat([p[name] for p in profiles]).mean(dim=0).tolist()
     metrics['importance_by_position'] = torch.cat([p['importance_by_position'] for p in profiles],
                                                   dim=1).mean(dim=1).tolist()
     return {**metrics, 'loss': float(np.mean(losses))}  # windows of equal length: the mean over their tokens
@@ -467,17 +492,18 @@ def print_table(label, group):
         if columns is TOKEN_IMPORTANCE:
             print("ICLR A.2: the k-th largest token importance in a sequence (top-1%: k = ceil(T / 100))")
         if columns is VALUES_AND_CROSS:
-            print("ICLR Fig. 12: the largest eigenvalue of (1/T) Σ v v^T of the layer's own values; ICLR Fig. 4 "
-                  "(a Transformer): cross-layer attention's output with m = n - 1 against ½ A_n (V_n + V_m) "
-                  "and A_n V_n + V_m, cosine per token")
+            print("ICLR Fig. 12: the largest eigenvalue of (1/T) Σ v v^T of the layer's own values, its share "
+                  "of the trace and the effective rank; ICLR Fig. 4 (a Transformer): cross-layer attention's "
+                  "output with m = n - 1 against ½ A_n (V_n + V_m) and A_n V_n + V_m, cosine per token")
         print(f"{'layer':>5} " + " ".join(f"{title:>{width}}" for title in columns.values()))
         for layer in range(group['n_layer']):
             cells = [cell(mean[name][layer], std[name][layer] if std else None) for name in columns]
             print(f"{layer + 1:>5} " + " ".join(f"{text:>{width}}" for text in cells))
-    spectrum = mean['value_spectrum_1']
-    print(f"ICLR Fig. 12, layer 1's {len(spectrum)} eigenvalues, largest first: "
-          + ", ".join(f"{e:.4g}" for e in spectrum[:8]) + (", ..." if len(spectrum) > 8 else "")
-          + " (all in metrics.json)")
+    for name, what in SPECTRA.items():
+        spectrum = mean[name]
+        print(f"ICLR Fig. 12, layer 1's {len(spectrum)} {what}, largest first: "
+              + ", ".join(f"{e:.4g}" for e in spectrum[:8]) + (", ..." if len(spectrum) > 8 else "")
+              + " (all in metrics.json)")
     first = [row[0] for row in mean['importance_by_position']]
     print("ICLR A.2, the first token's importance by layer: " + ", ".join(f"{p:.4f}" for p in first)
           + f" (the first {len(mean['importance_by_position'][0])} positions in metrics.json)")
@@ -525,17 +551,18 @@ def plot(groups, subtitle):
         ax.legend()
         fig.savefig(os.path.join(out, f'{name}.png'), dpi=120, bbox_inches='tight')
         plt.close(fig)
-    # ICLR Fig. 12: layer 1's spectrum, one line per group
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, group in groups.items():
-        spectrum = np.array(group['mean']['value_spectrum_1'])
-        ax.plot(np.arange(1, len(spectrum) + 1), spectrum, label=label)
-    largest = max(group['mean']['value_spectrum_1'][0] for group in groups.values())
-    ax.set(xlabel='rank', ylabel='eigenvalue', yscale='log', ylim=(largest * 1e-8, largest * 2),  # 0s: below
-           title=f"layer 1's value second moment, eigenvalues ({subtitle})")
-    ax.legend()
-    fig.savefig(os.path.join(out, 'value_spectrum_1.png'), dpi=120, bbox_inches='tight')
-    plt.close(fig)
+    # ICLR Fig. 12: layer 1's spectrum, raw and over its trace, one line per group
+    for name, what in SPECTRA.items():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, group in groups.items():
+            spectrum = np.array(group['mean'][name])
+            ax.plot(np.arange(1, len(spectrum) + 1), spectrum, label=label)
+        largest = max(group['mean'][name][0] for group in groups.values())
+        ax.set(xlabel='rank', ylabel=what, yscale='log', ylim=(largest * 1e-8, largest * 2),  # 0s: below
+               title=f"layer 1's value second moment, {what} ({subtitle})")
+        ax.legend()
+        fig.savefig(os.path.join(out, f'{name}.png'), dpi=120, bbox_inches='tight')
+        plt.close(fig)
     # ICLR A.2: importance by position, a panel per group, a line per layer
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
     for ax, (label, group) in zip(axes[0], groups.items()):
@@ -546,7 +573,7 @@ def plot(groups, subtitle):
     fig.suptitle(f"token importance by position ({subtitle})")
     fig.savefig(os.path.join(out, 'importance_by_position.png'), dpi=120, bbox_inches='tight')
     plt.close(fig)
-    print(f"wrote {len(METRICS) + 2} plots to {out}/")
+    print(f"wrote {len(METRICS) + len(SPECTRA) + 1} plots to {out}/")
 
 
 def main(run_args):

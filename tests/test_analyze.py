@@ -19,7 +19,7 @@ import prepare
 from vrl import data
 from vrl.tokenizer import load_tokenizer
 import lab.analyze as analyze_py
-from ablations import AblationConfig, AblationGPT, build_model
+from ablations import AblationConfig, AblationGPT, Heads, build_model
 from lab.analyze import (importance_entropy, layer_metrics, mean_cosine_similarity, mean_domain_losses,
                          sublayer_losses, token_norms)
 from model import GPT, GPTConfig
@@ -245,8 +245,15 @@ def test_value_eigenvalues_are_those_of_each_layers_own_values_second_moment(mon
         expected = spectra.mean(dim=0)
         assert len(expected) == D and result['value_eig_max'][n - 1] == pytest.approx(expected[0].item(),
                                                                                       rel=1e-6)
+        # each window's eigenvalues over their trace, then averaged; the effective rank: exp(their entropy)
+        shares = spectra / spectra.sum(dim=-1, keepdim=True)
+        erank = [math.exp(entropy(window.tolist())) for window in shares]
+        assert result['value_eig_max_rel'][n - 1] == pytest.approx(shares[:, 0].mean().item(), rel=1e-6)
+        assert result['value_erank'][n - 1] == pytest.approx(np.mean(erank), rel=1e-6)
         if n == 1:
             assert result['value_spectrum_1'] == pytest.approx(expected.tolist(), rel=1e-6, abs=1e-9)
+            assert result['value_spectrum_1_rel'] == pytest.approx(shares.mean(dim=0).tolist(), rel=1e-6,
+                                                                   abs=1e-9)
             assert result['value_spectrum_1'][12:] == pytest.approx([0] * (D - 12), abs=1e-9)  # rank <= T
         if n > 1 and variant == 'resformer_identity':  # what it attends over, V'_n, gives another number
             mixed = torch.stack([eigenvalues_by_hand(per_token(w[n - 1]['attended'], 0))
@@ -254,6 +261,48 @@ def test_value_eigenvalues_are_those_of_each_layers_own_values_second_moment(mon
             assert result['value_eig_max'][n - 1] != pytest.approx(mixed[0].item(), rel=1e-3)
     if variant == 'svformer':
         assert result['value_eig_max'][1:] == pytest.approx([result['value_eig_max'][0]] * 2, rel=1e-6)
+
+
+def value_metrics(values):
+    """paper_metrics for one layer whose own values are values (B, n_kv_head, T, head_dim):
+    ({metric: (B,)}, {'value_spectrum_1_rel' and the rest: (B, D)})."""
+    B, H, T, _ = values.shape
+    attn = torch.full((B, H, T, T), 1 / T)  # any attention: the value metrics do not read it
+    per_layer, spectra = analyze_py.paper_metrics(
+        {'attn': [attn]}, [Heads(None, None, values, attn, None, None)], transformer=False)
+    return {name: m[0] for name, m in per_layer.items()}, spectra
+
+
+def test_normalised_value_spectra_do_not_see_the_value_norm():
+    """The raw eigenvalues scale with the squared value norm; their shares of the trace
+    (value_eig_max_rel, value_spectrum_1_rel) and the effective rank do not."""
+    torch.manual_seed(0)
+    values = torch.randn(3, 2, 12, 8, dtype=torch.float64)  # 3 windows, 12 tokens, 2 KV heads x 8
+    metrics, spectra = value_metrics(values)
+    scaled, scaled_spectra = value_metrics(3.7 * values)
+    assert scaled['value_eig_max'] == pytest.approx(3.7 ** 2 * metrics['value_eig_max'], rel=1e-9)
+    for name in ('value_eig_max_rel', 'value_erank'):
+        assert scaled[name] == pytest.approx(metrics[name], rel=1e-9), name
+    assert scaled_spectra['value_spectrum_1_rel'] == pytest.approx(spectra['value_spectrum_1_rel'],
+                                                                   rel=1e-9)
+    assert spectra['value_spectrum_1_rel'].sum(dim=-1) == pytest.approx(torch.ones(3), rel=1e-12)
+    assert spectra['value_spectrum_1_rel'][:, 0] == pytest.approx(metrics['value_eig_max_rel'], rel=1e-12)
+    assert ((0 < metrics['value_eig_max_rel']) & (metrics['value_eig_max_rel'] < 1)).all()
+    assert ((1 < metrics['value_erank']) & (metrics['value_erank'] < 12)).all()  # at most the rank
+
+
+def test_normalised_spectra_of_values_along_one_direction_and_of_isotropic_values():
+    torch.manual_seed(0)
+    # every token's value: its own scale times one direction (both KV heads' halves of it)
+    direction, scales = torch.randn(2, 1, 8), torch.randn(3, 1, 12, 1)
+    metrics, spectra = value_metrics(scales * direction)
+    assert metrics['value_eig_max_rel'] == pytest.approx(torch.ones(3), rel=1e-9)
+    assert metrics['value_erank'] == pytest.approx(torch.ones(3), rel=1e-9)
+    assert spectra['value_spectrum_1_rel'][:, 1:] == pytest.approx(torch.zeros(3, 15), abs=1e-12)
+    # one KV head, token i's value 5 e_i: (1/T) Σ v v^T = (25/16) I, energy equal in all 16 directions
+    metrics, spectra = value_metrics(5 * torch.eye(16)[None, None])
+    assert metrics['value_eig_max_rel'].item() == pytest.approx(1 / 16, rel=1e-9)
+    assert metrics['value_erank'].item() == pytest.approx(16, rel=1e-9)
 
 
 def cosine(a, b):
@@ -419,7 +468,9 @@ def test_document_start_windows_and_seeds_averaged(runs):
                          '--out=results')
     assert result.returncode == 0, result.stderr
     assert 'seq_len 64 -> 32' in result.stdout  # capped at block_size
-    assert 'plots skipped' in result.stdout or os.path.exists(runs / 'results' / 'entropy.png')
+    assert 'plots skipped' in result.stdout or all(
+        os.path.exists(runs / 'results' / png)
+        for png in ('entropy.png', 'value_eig_max_rel.png', 'value_spectrum_1_rel.png'))
     with open(runs / 'results' / 'metrics.json') as f:
         report = json.load(f)
     assert (report['windows'], report['seq_len']) == ('doc_start', 32)
@@ -472,6 +523,9 @@ def test_document_start_windows_and_seeds_averaged(runs):
         assert np.array(group['mean']['importance_by_position']).shape == (3, 32)
         assert all(len(group['mean'][name]) == 3 for name in analyze_py.TOKEN_IMPORTANCE)
         assert group['mean']['value_eig_max'][0] == group['mean']['value_spectrum_1'][0]
+        shares = group['mean']['value_spectrum_1_rel']  # each window's spectrum over its trace, averaged
+        assert group['mean']['value_eig_max_rel'][0] == pytest.approx(shares[0]) and sum(shares) == \
+            pytest.approx(1)
     assert vanilla['mean']['cross_cos_approx'][0] is None and None not in vanilla['mean']['cross_cos_approx'][1:]
     assert vanilla['std']['cross_cos_identity'][0] is None and len(vanilla['std']['value_spectrum_1']) == 32
     assert resformer['mean']['cross_cos_approx'] == [None] * 3  # ICLR Fig. 4 is of a Transformer
