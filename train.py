@@ -149,7 +149,9 @@ def read(shards, places):
 
 def get_batch(step):
     """nanoGPT's get_batch by step: this rank's passes of the step's windows (data.places). They
-    depend on the seed and step alone, so they match on any number of ranks and after a resume."""
+    depend on the seed and step alone, so they match on any number of ranks and after a resume:
+    'random' draws each window's shard and start from a generator seeded with (seed, step), and
+    'epoch' takes windows step x n to (step + 1) x n of an order seeded with (seed, -1, epoch)."""
     places = data.places(step, global_batch)
     return [read(data.train, places[start:stop]) for start, stop in rank_passes]
 
