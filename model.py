@@ -34,12 +34,13 @@ VARIANTS = {
 #   resformer_constant        (2, 1)                                                       buffer
 #   resformer_sparse          (5, 1) in the top 3/8 of the layers, else (0, 1)             buffer
 #   resformer_learnable       (λ_{n,1}, λ_{n,2}) from (0.5, 0.5)                           learned
-#   resformer_learnable_plus  (λ softmax(λ')_n, λ_{n,2}) from n_layer, linspace(0, 1), 0.5 learned
+#   resformer_learnable_plus  (λ softmax(λ')_n, λ_{n,2}): λ = n_layer, softmax(λ') =        learned
+#                             softmax(linspace(0, 1)), λ_{n,2} = 0.5 at the start
 #   svformer                  (1, 0): layers n > 1 have no W_V                             buffer
 
 
 def variant_lambdas(variant, n_layer, source=1):
-    """A variant's λ (the table above), n_layer rows: (0, 1) for layers 1 to source (paper: 1)."""
+    """A variant's n_layer λ rows (the table above), (0, 1) up to layer source; vanilla: None."""
     later = range(source + 1, n_layer + 1)
     if variant in ('resformer_identity', 'resformer_learnable'):
         rows = [(0.5, 0.5) for _ in later]                 # official code: 0.5 V1 + 0.5 V_n
@@ -94,7 +95,7 @@ class GPTConfig:
     lambda_mode: str = 'fixed'
     """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ softmax(λ')_n)"""
 
-    source_layer = 1  # layers up to it keep λ (0, 1); GPT mixes V1 in (ablations.py's V2 mix: 2)
+    source_layer = 1  # always 1 here: layer 1 is V1's; ablations.py's property gives 2 for its V2 mix
 
     def __post_init__(self):
         """Fill in the defaults, a named variant's flags and λ; a bad setting is a ValueError."""
@@ -170,8 +171,8 @@ def need(ok, message):
 
 
 class CausalSelfAttention(nn.Module):
-    """Layer n's attention (n = 1 .. n_layer): vanilla, ResFormer or SVFormer, cached or not. own:
-    its projections but W_O; None: the paper's (no W_V in SVFormer); ablations.py's CLA: fewer."""
+    """Layer n's attention, vanilla, ResFormer or SVFormer, cached or not. own: its projections but
+    W_O (None: the paper's; CLA: fewer). k_slot, v_slot: its KVCache places, set by GPT.__init__."""
 
     def __init__(self, config, n, own=None):
         super().__init__()
@@ -437,8 +438,7 @@ class KVCache:
 
     def __init__(self, n_k_slots, n_v_slots, max_seq_len):
         self.k, self.v = [None] * n_k_slots, [None] * n_v_slots
-        self.max_seq_len = max_seq_len
-        self.pos = 0  # positions already cached; the model advances it after each forward
+        self.max_seq_len, self.pos = max_seq_len, 0  # pos: positions cached; a forward advances it
 
     def store(self, kind, slot, new):
         """Write keys (kind 'k') or values (B, heads, T, head_dim) at pos; return the slot's all."""

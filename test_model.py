@@ -1242,6 +1242,19 @@ def test_model_py_lambda_table_lists_every_variant_and_how_it_is_kept():
         assert (kept == 'learned') == (GPTConfig(variant=name).lambda_mode != 'fixed'), name
 
 
+def test_readme_cites_the_model_py_lines_that_define_each_name():
+    """The README's reading path gives model.py's line of each name it cites (`VARIANTS` (24), `forward`,
+    348, ...): each is that name's class, def or assignment."""
+    readme = Path(__file__).with_name('README.md').read_text(encoding='utf-8')
+    path = readme[readme.index('1. `model.py` is the paper'):readme.index('2. `train.py`')]
+    cited = re.findall(r'`(\w+)`(?:\s*\(|,\s*)(\d+)', path)
+    lines = Path(__file__).with_name('model.py').read_text(encoding='utf-8').splitlines()
+    assert len(cited) >= 6, cited
+    for name, number in cited:
+        line = lines[int(number) - 1]
+        assert re.match(rf'\s*(class {name}\b|def {name}\b|{name} = )', line), (name, number, line)
+
+
 # ---------------------------------------------------------------------------------------- optimizer
 
 @pytest.mark.parametrize('kw', [

@@ -14,7 +14,7 @@ below. Start-up calls run once. A call uses the default group unless its row nam
                                 It averages the gradients in the backward of each step's last pass.
   stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
                                 boundary, after an evaluation, and every 16 pieces of an evaluation.
-  evaluate  all_reduce          SUMs the losses, once for each set scored (twice with val_full).
+  evaluate  all_reduce          SUMs the domains' losses, once a call (twice with val_full).
   save      all_reduce          SUMs the NaN count, at each save.
   save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
   loop      all_reduce x3       SUMs at log steps the NaN count (on CPU, at every step), the loss,
@@ -22,8 +22,8 @@ below. Start-up calls run once. A call uses the default group unless its row nam
   end       all_reduce x2       Takes the weights' MAX and MIN once, to show the replicas agree.
   end       barrier             After a run that went well, every rank waits for all the others.
   end       destroy_process_group  Then it tears both groups down.
-  vrl/stops.py:leave_group destroy_process_group  exits() calls it on any other way out of the
-                                loop: a SystemExit or a RuntimeError (a stop, max_time, an error).
+  vrl/stops.py:leave_group destroy_process_group  exits() calls it when a SystemExit or a
+                                RuntimeError (a stop, max_time, an error) leaves the loop.
 """
 import time
 _launched = time.time()  # max_time counts from here. The leading _ keeps it out of the settings.
@@ -60,11 +60,11 @@ log_interval = 10  # log the training loss, averaged over this many steps
 eval_iters = 10  # fixed val batches of batch_size, ceil(eval_iters / domains) for each domain
 eval_full = False  # score every validation window at each evaluation but step 0, as the paper does
 eval_only = False  # evaluate once, print the loss and stop, writing nothing
-ckpt_interval = 0  # also write ckpt.pt every this many steps (0 writes it at evaluations only)
+ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations and stops only)
 max_time = 0  # seconds, 0 for no limit. The first step boundary past it saves and exits 0. It
 #   exits 1 instead if this launch trained no step and saves nothing there (raise max_time).
 init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto' (resume if it exists)
-overwrite = False  # let a fresh run replace a run already in out_dir (ckpt.pt, best.pt, log.jsonl)
+overwrite = False  # let a fresh run replace out_dir's run (its ckpt*.pt, best.pt and log.jsonl)
 save_checkpoint = True  # False writes no ckpt.pt or best.pt (lab/bench.py's node check times runs)
 wandb_log = False
 wandb_project = 'value-residual'
@@ -106,6 +106,8 @@ peak_tflops = 0.0  # one accelerator's peak, for MFU. 0 looks the GPU up in vrl/
 deterministic = False  # use deterministic kernels (math attention on CUDA): bit for bit, but slower
 seed = 1337
 # -----------------------------------------------------------------------------
+# config: every setting above and every AblationConfig field at its default, then the config files
+# and --key=value in order, each type-checked against its default (a bad key or type: one line)
 config = configure(globals(), sys.argv[1:], script=__file__, fields_of=AblationConfig,
                    except_fields=('vocab_size',), types={'compile': bool},  # the data sets it
                    verbose=os.environ.get('RANK', '0') == '0')
@@ -121,9 +123,10 @@ global_batch = gradient_accumulation_steps * batch_size  # sequences per step on
 tokens_per_iter = global_batch * block_size
 data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order, max_iters,
                     global_batch, eval_iters, batch_size, eval_full)  # checks prepare.py's files
-# AblationConfig (model.py's GPTConfig plus ablations.py's flags) of the settings, with the vocab
-# padded to a multiple of 64. A paper variant sets no flag: apply_variant's first line hands it to
-# GPTConfig's, whose λ table is under model.py's VARIANTS. build_model returns model.py's GPT.
+# AblationConfig(**{the settings named like its fields}, vocab_size padded to a multiple of 64),
+# model.py's GPTConfig plus ablations.py's flags. A paper variant sets no flag: apply_variant's
+# first line hands it to GPTConfig's, whose λ table is under model.py's VARIANTS. build_model
+# returns model.py's GPT.
 model_config = settings.model_config(config, data.meta['vocab_size'])
 # Under torchrun the device is cuda:LOCAL_RANK, made current, and CUDA allows TF32. A model too big,
 # or a full-scale run that fell back to the CPU, ends here in one line. dtype is a name.
@@ -151,7 +154,8 @@ def get_batch(step):
     """nanoGPT's get_batch by step: this rank's passes of the step's windows (data.places). They
     depend on the seed and step alone, so they match on any number of ranks and after a resume:
     'random' draws each window's shard and start from a generator seeded with (seed, step), and
-    'epoch' takes windows step x n to (step + 1) x n of an order seeded with (seed, -1, epoch)."""
+    'epoch' ('epochs' too) takes windows step x n to (step + 1) x n of an order seeded with
+    (seed, -1, epoch)."""
     places = data.places(step, global_batch)
     return [read(data.train, places[start:stop]) for start, stop in rank_passes]
 
@@ -160,6 +164,8 @@ def on_device(rows):
     rows = rows.to(device, non_blocking=device_type == 'cuda')
     return rows[:, :-1], rows[:, 1:]
 
+# sets: data.val or data.val_full, {domain: (shards, [(shard, start), ...])} ('val' alone unless the
+# data is kept by domain); a piece: (domain, up to batch_size of its places), one pass
 def pieces(sets):  # split the windows of sets into passes of batch_size, for the ranks to share
     return [(name, places[i:i + batch_size]) for name, (_, places) in sets.items()
             for i in range(0, len(places), batch_size)]
@@ -189,15 +195,15 @@ if run.resuming:  # load the optimizer and scaler states (ends in one line if th
 if wandb_log and master_process:  # before the process group: a slow login keeps the others waiting
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-if ddp:  # a hung or dead rank ends the job after 10 minutes
+if ddp:  # a rank hung in a default-group collective ends the job after 10 minutes
     if device_type == 'cuda':  # NCCL's flight recorder then dumps a rank's last 2,000 collectives
         new_name = tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 8)  # renamed in 2.8
         os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if new_name else
                               'TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # into /tmp/nccl_trace_rank_*
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
         timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
-# stop_now and save use cpu_group. It runs gloo on the CPU, so the stop flag never queues behind GPU
-# work. Its long timeout leaves time for rank 0's save.
+# stop_now and save's barrier use cpu_group. It runs gloo on the CPU, so the stop flag never queues
+# behind GPU work. Its long timeout (60 minutes) leaves time for rank 0's save.
 cpu_group = torch.distributed.new_group(backend='gloo', timeout=timedelta(minutes=60)) if ddp else None
 amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 compiled = device_type == 'cuda' if compile is None else compile
@@ -249,7 +255,7 @@ def evaluate(sets):
     """(mean loss over domains, {domain: loss} or None for one split) over the windows of sets,
     which the ranks share. None if a stop comes first: a stop can cut a long evaluation short."""
     model.eval()
-    names, sums = list(sets), torch.zeros(len(sets), device=device)  # for each set's mean loss
+    domains, sums = list(sets), torch.zeros(len(sets), device=device)  # each domain's summed loss
     everyone = pieces(sets)
     for k, piece in enumerate(tqdm(everyone[ddp_rank::ddp_world_size], 'eval', leave=False,
                                    delay=5, disable=not master_process)):
@@ -257,11 +263,11 @@ def evaluate(sets):
         if k % 16 == 15 and k < len(everyone) // ddp_world_size and stop_now():
             model.train()
             return None
-        sums[names.index(piece[0])] += eval_loss(sets, piece).float() * len(piece[1])
+        sums[domains.index(piece[0])] += eval_loss(sets, piece).float() * len(piece[1])
     if ddp:
         all_reduce(sums)
     model.train()
-    losses = {name: total / len(sets[name][1]) for name, total in zip(names, sums.tolist())}
+    losses = {domain: total / len(sets[domain][1]) for domain, total in zip(domains, sums.tolist())}
     return sum(losses.values()) / len(losses), losses if data.by_domain else None
 
 def forward_backward(batch):
@@ -328,8 +334,8 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #   every eval_interval steps  yes               yes, in the background        no
 #   every ckpt_interval steps  no                yes, in the background        no
 #   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
-#                              under way may     this launch trained or        max_time: 0, or 1
-#                              finish            evaluated                     if nothing was saved
+#                              under way may     this launch trained a step,   max_time: 0, or 1
+#                              finish            or evaluated past step 0      if nothing was saved
 #   max_iters (the last step)  yes               yes, in the foreground        0, the loop ends
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
@@ -373,6 +379,7 @@ with exits(), progress, reader:
         if evaluated:  # with eval_full, the headline is the whole split's loss, as in the paper
             losses, full_losses = evaluated
             val_loss = full_losses[0] if eval_full and full_losses else losses[0]
+            # the log record of this evaluation, and its per-domain losses as text (no collective)
             last_eval, said = metrics.eval_record(iter_num, losses, full_losses, data.val_full, eval_full)
             if eval_only:
                 say(f"step {iter_num}: val loss {val_loss:.4f}{said}")
