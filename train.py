@@ -14,7 +14,8 @@ below. Start-up calls run once. A call uses the default group unless its row nam
                                 It averages the gradients in the backward of each step's last pass.
   stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
                                 boundary, after an evaluation, and every 16 pieces of an evaluation.
-  evaluate  all_reduce          SUMs the domains' losses, once a call (twice with val_full).
+  evaluate  all_reduce          SUMs the domains' losses, once a call (evaluation() makes two with
+                                val_full).
   save      all_reduce          SUMs the NaN count, at each save.
   save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
   loop      all_reduce x3       SUMs at log steps the NaN count (on CPU, at every step), the loss,
@@ -59,6 +60,7 @@ eval_interval = 100  # evaluate every this many steps and at the end, then save 
 log_interval = 10  # log the training loss, averaged over this many steps
 eval_iters = 10  # fixed val batches of batch_size, ceil(eval_iters / domains) for each domain
 eval_full = False  # score every validation window at each evaluation but step 0, as the paper does
+#   (where the data has them, every window is scored at max_iters and in eval_only anyway)
 eval_only = False  # evaluate once, print the loss and stop, writing nothing
 ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations and stops only)
 max_time = 0  # seconds, 0 for no limit. The first step boundary past it saves and exits 0. It
@@ -301,8 +303,8 @@ def save(best, background):
     whose loss or gradient became NaN or inf (a GPU checks only at log steps). best.pt, if best, is
     first. Each file goes to a .tmp, is fsynced and renamed; the old ckpt.pt stays as ckpt.prev.pt.
     In the foreground, it is on disk when this returns. In the background, a thread writes a host
-    copy; the next save, run.kept or exits() waits for it and ends the run in one line if the write
-    failed. At the barrier, all ranks wait for rank 0's copy or write."""
+    copy; the next save or the loop's end (exits()) waits for it, and a failed write ends the run
+    there in one line. At the barrier, all ranks wait for rank 0's copy or write."""
     if ddp:
         all_reduce(nonfinite)
     if nonfinite.item():
@@ -334,8 +336,8 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #   every eval_interval steps  yes               yes, in the background        no
 #   every ckpt_interval steps  no                yes, in the background        no
 #   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
-#                              under way may     this launch trained a step,   max_time: 0, or 1
-#                              finish            or evaluated past step 0      if nothing was saved
+#                              under way ends    this launch trained a step,   max_time: 0, or 1
+#                              at its next poll  or evaluated past step 0      if nothing was saved
 #   max_iters (the last step)  yes               yes, in the foreground        0, the loop ends
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
@@ -350,7 +352,7 @@ def exits():
     (a failed collective, out of memory), wait for the writer, free out_dir's lock, destroy the
     process group and re-raise, as one line where stops.end_rank knows it. Other errors keep their
     traceback. At the loop's end, wait for the last background write, then free the lock."""
-    stop.listen()  # signals now wait for the next boundary, but a second Ctrl-C ends at once
+    stop.listen()  # signals now wait for the next boundary; a second Ctrl-C (not SIGTERM) ends at once
     try:
         yield
         run.wait()
@@ -359,7 +361,7 @@ def exits():
         stops.leave_group()
         stops.end_rank(error, ddp)
     finally:
-        stop.polling = False
+        stop.polling = False  # after the loop a signal ends the process at once again
     run.let_go()
 
 with exits(), progress, reader:
