@@ -182,7 +182,7 @@ if run.resuming:  # load ckpt.pt (ckpt.prev.pt if it is torn), checked to match 
     loss_since_log, steps_since_log = ckpt['loss_since_log']
 else:
     torch.manual_seed(seed)
-    raw_model = build_model(model_config)  # model.py's GPT, or ablations.py's AblationGPT
+    raw_model = build_model(model_config)  # model.py's GPT for a paper variant, else AblationGPT
 raw_model.to(device)
 loss_since_log = torch.tensor(loss_since_log, device=device)  # summing on the device never waits
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
@@ -212,11 +212,11 @@ compiled = device_type == 'cuda' if compile is None else compile
 # DDP all-reduces the gradients in the backward, in buckets of max(25 MB, one block's fp32 grads).
 # Gradients are views of the buckets. Our buffers never change, so DDP never syncs them in forward.
 block_mb = 4 * sum(p.numel() for p in raw_model.blocks[0].parameters()) / 2 ** 20
-no_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
+buffer_sync = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters \
     else 'broadcast_buffers'  # newer torch renamed it
 ddp_model = DDP(raw_model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None,
                 gradient_as_bucket_view=True, bucket_cap_mb=max(25, block_mb),
-                **{no_sync: False}) if ddp else None
+                **{buffer_sync: False}) if ddp else None
 model = ddp_model or raw_model
 model = torch.compile(model) if compiled else model  # after DDP, whose buckets split the graph
 say = tqdm.write if master_process else lambda line: None  # rank 0 prints, above the progress bar
@@ -309,7 +309,7 @@ def save(best, background):
         all_reduce(nonfinite)
     if nonfinite.item():
         stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
-    run.save(checkpoint(), best, background)
+    run.save(checkpoint(), best, background)  # rank 0 writes; best.pt is a copy of this ckpt.pt
     if ddp:
         barrier(group=cpu_group)
 
@@ -334,7 +334,7 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #   boundary                   2. evaluate       3. save ckpt.pt               4. exit
 #   step 0 of a fresh run      yes               no (random weights)           no
 #   every eval_interval steps  yes               yes, in the background        no
-#   every ckpt_interval steps  no                yes, in the background        no
+#   every ckpt_interval steps  no (unless due)   yes, in the background        no
 #   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
 #                              under way ends    this launch trained a step,   max_time: 0, or 1
 #                              at its next poll  or evaluated past step 0      if nothing was saved
@@ -352,7 +352,7 @@ def exits():
     (a failed collective, out of memory), wait for the writer, free out_dir's lock, destroy the
     process group and re-raise, as one line where stops.end_rank knows it. Other errors keep their
     traceback. At the loop's end, wait for the last background write, then free the lock."""
-    stop.listen()  # signals now wait for the next boundary; a second Ctrl-C (not SIGTERM) ends at once
+    stop.listen()  # a signal now waits for the next boundary; a 2nd Ctrl-C (not SIGTERM) ends at once
     try:
         yield
         run.wait()
@@ -395,7 +395,8 @@ with exits(), progress, reader:
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
         # 3. save? After an evaluation (best.pt too if best), but not step 0's unless it's the last.
-        # At a stop or ckpt_interval step, once this launch trained: ckpt.pt holds its first step.
+        # At a stop or ckpt_interval step, once this launch trained (before that, ckpt.pt already
+        # holds this step).
         after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)
         trained_this_launch = iter_num > first_step
         at_interval = ckpt_interval and iter_num % ckpt_interval == 0

@@ -1638,10 +1638,10 @@ def test_ddp_gets_the_buffer_keyword_its_torch_has():
     installed = torch.nn.parallel.DistributedDataParallel
     for ddp in OlderDDP, installed:
         scope = {'inspect': inspect, 'DDP': ddp}
-        exec(train_py('no_sync'), scope)
-        assert scope['no_sync'] in inspect.signature(ddp).parameters
+        exec(train_py('buffer_sync'), scope)
+        assert scope['buffer_sync'] in inspect.signature(ddp).parameters
         if ddp is OlderDDP:
-            assert scope['no_sync'] == 'broadcast_buffers'
+            assert scope['buffer_sync'] == 'broadcast_buffers'
 
 
 def test_every_config_splits_its_steps_over_the_ranks_it_runs_on():
