@@ -34,12 +34,14 @@ BASELINES = {
     'shared_key': dict(value_residual=True, residual_type='key'),
 }
 # The value residual's successors, from outside the paper (their code at the end of this file):
-# SATFormer and our static-gate control of it, Attention Residuals and Block AttnRes; those that
-# rebuild the residual stream (Hyper-Connections, mHC, MUDDFormer) are CONNECTIONS, below them.
+# SATFormer and our static-gate control of it, Attention Residuals and Block AttnRes, and
+# Depth-Attention; those that rebuild the residual stream (Hyper-Connections, mHC, MUDDFormer) are
+# CONNECTIONS, below them.
 SUCCESSORS = {
     'satformer': dict(value_gate='relu'),
     'gated_resformer': dict(value_gate='relu', value_gate_static=True),
     'attn_res': dict(attn_res='full'), 'attn_res_block': dict(attn_res='block'),
+    'depth_attention': dict(depth_attention=True),
 }
 CHOICES = dict(residual_from=('first', 'second', 'adjacent', 'previous', 'dense'),
                residual_type=('value', 'query', 'key', 'attention', 'hidden'),
@@ -82,7 +84,7 @@ class AblationConfig(GPTConfig):
     value_bank: bool = False
     """Bank of Values (He et al., arXiv 2606.02780; not the paper): the top third of the layers
     look their values up in token tables, V_n = γ_v E_n[token], and cache token ids."""
-    # --- the value residual's successors (check_successors, ValueGate, AttnResBlock below)
+    # --- the value residual's successors (check_successors, ValueGate, depth_mix, AttnResBlock)
     value_gate: str = 'none'
     """SATFormer (arXiv 2605.03953): V'_n = V_n + gate(W_α h_n) ⊙ V1, a scalar per token and
     KV head; 'relu' (the paper's: variant satformer's), 'sigmoid' or 'tanh'; 'none': off."""
@@ -95,6 +97,9 @@ class AblationConfig(GPTConfig):
     embedding and the sublayers' outputs ('full') or of block sums ('block'); 'none': off."""
     attn_res_block: int = 0
     """Block AttnRes: Transformer layers per block; 0: n_layer // 8 (about 8 blocks), at least 1."""
+    depth_attention: bool = False
+    """Depth-Attention (arXiv 2606.05014): layer n's values are a softmax over depth, by its query
+    against layers 1 .. n's keys at the same position, of their values (depth_mix)."""
     # --- successors that change the residual stream (CONNECTIONS, at the end of this file)
     hyper_connections: str = 'none'
     """'hc': Hyper-Connections (Zhu et al., ICLR 2025), hc_rate residual streams mixed by learned
@@ -312,6 +317,7 @@ class AblationAttention(CausalSelfAttention):
         self.bank = nn.Embedding(config.vocab_size, kv_dim) if in_bank else None
         self.gamma_v = nn.Parameter(torch.ones(1)) if in_bank else None
         self.value_gate = ValueGate(config) if gates_v1(config, n) else None  # SATFormer
+        self.depth_attention = config.depth_attention and n > 1  # layer 1 has no depth to mix
 
     @torch.no_grad()
     def init_tables(self, wte, eps):
@@ -332,7 +338,7 @@ class AblationAttention(CausalSelfAttention):
         source = self.source(carry)
         q = self.queries(x_q, rope, lambda_n, source)
         k = self.keys(x_k, rope, lambda_n, source, carry, kv_cache)
-        v, fresh = self.values(x_v, lambda_n, source, carry, kv_cache)
+        v, fresh = self.values(x_v, lambda_n, source, carry, kv_cache, q, k)
         y, probs = self.attend(q, k, v, lambda_n, source, carry)
         return self.project_out(y), Heads(q, k, v, probs, y, fresh)
 
@@ -360,8 +366,9 @@ class AblationAttention(CausalSelfAttention):
             k = lambda_n[0] * newest(source.k, k.size(2)) + lambda_n[1] * k
         return k if kv_cache is None else kv_cache.store('k', self.k_slot, k)
 
-    def values(self, x, lambda_n, source, carry, kv_cache):
-        """(what the layer attends over, its own V_n at the new positions)."""
+    def values(self, x, lambda_n, source, carry, kv_cache, q, k):
+        """(what the layer attends over, its own V_n at the new positions). q, k: the layer's
+        queries and keys, which Depth-Attention's mixing reads."""
         v1 = self.source_values(source, carry)
         if self.shares_v:  # CLA / share-V: the previous layer's values
             return carry.layers[-1].v, None
@@ -383,6 +390,10 @@ class AblationAttention(CausalSelfAttention):
         if self.dense is not None:  # Dense-ResFormer: V'_n = Σ_{i<n} w_{n,i} V_i + w_{n,n} V_n
             earlier = [heads.fresh for heads in carry.layers] + [v]
             mixed = sum(w * vi for w, vi in zip(self.dense, earlier))
+        elif self.depth_attention:  # Depth-Attention: layers 1 .. n's values, by q_n · K_m
+            T = v.size(2)
+            keys = [newest(heads.k, T) for heads in carry.layers] + [newest(k, T)]
+            mixed = depth_mix(q, keys, [heads.fresh for heads in carry.layers] + [v])
         else:
             mixed = self.mix(lambda_n, v1, v)
         if self.value_gate is not None:  # SATFormer: V'_n = V_n + α_n ⊙ V1, at the new positions
@@ -597,9 +608,10 @@ class AblationGPT(GPT):
         return x
 
 
-# --- The value residual's successors: SATFormer and Attention Residuals. Each is an AblationConfig
-# field (value_gate, attn_res), checked here, acting through ValueGate (in AblationAttention.values)
-# or AttnResBlock (the block AblationGPT builds when attn_res is set).
+# --- The value residual's successors: SATFormer, Depth-Attention and Attention Residuals. Each is
+# an AblationConfig field (value_gate, depth_attention, attn_res), checked here, acting through
+# ValueGate or depth_mix (in AblationAttention.values) or AttnResBlock (the block AblationGPT builds
+# when attn_res is set).
 
 def check_successors(config):
     """The successors' settings that cannot work, each a one-line ValueError."""
@@ -617,6 +629,12 @@ def check_successors(config):
          "value_gate adds V1 itself (V_n + α V1): use variant='satformer' or drop value_residual")
     need(not gated or config.share_kv in ('none', 'k') and not config.value_bank,
          "value_gate adds to a layer's own values: drop share_kv='v'/'kv' and value_bank")
+    need(not config.depth_attention or not (config.value_residual or gated or config.value_bank
+                                             or config.share_kv != 'none'),
+         "depth_attention mixes each layer's own keys and values and caches the result: drop "
+         "value_residual, value_gate, value_bank and share_kv")
+    need(not config.depth_attention or config.n_layer >= 2,
+         "depth_attention needs n_layer >= 2: layer 1 has no earlier layers to mix")
     need(config.attn_res == 'block' or not config.attn_res_block,
          "attn_res_block sizes Block AttnRes's blocks: set attn_res='block' too")
     need(config.attn_res == 'none' or not config.denseformer and config.h0_residual
@@ -656,6 +674,31 @@ class ValueGate(nn.Module):
         """α_n ⊙ V1: x (B, T, C), the layer's normed input; v1 (B, H_kv, T, hd) at x's positions."""
         logits = self.beta.view(-1, 1) if self.c_alpha is None else self.c_alpha(x).transpose(1, 2)
         return self.gate(logits).unsqueeze(-1) * v1  # (B or 1, H_kv, T or 1, 1): one α per head
+
+
+def depth_mix(q, keys, values):
+    """Depth-Attention (arXiv 2606.05014v1; we could read its abstract alone, on arXiv listings and
+    its Hugging Face paper page): "before a layer attends over the sequence, its query attends over
+    the keys of earlier layers at the same token position and mixes their values into the value
+    that self-attention then reads". Layer n >= 2, at each position t and KV head h, attends over
+    V'_n(t) = Σ_{m<=n} a_{n,m} V_m(t), a_{n,m} = softmax_m(q_n(t) · K_m(t) / √d_h), then causal
+    self-attention over V'_n as usual; layer 1 is unchanged. Where the abstract leaves it open
+    (ours): the softmax includes the layer's own key (m = n), so a layer can keep its own value;
+    V_m is layer m's own value, before its depth mixing (every layer's own V_m and K_m at the
+    current positions come from the same forward); the scale is attention's 1/√d_h; no gate, no
+    temperature, no new parameter ("it adds no parameters", the abstract says); under GQA, one
+    mixing per KV head with the mean of its group's queries (the mean of their scores), so that
+    the cache holds one V'_n per KV head, "the same cache size as a vanilla decoder". RoPE turns
+    q_n(t) and K_m(t) by the same angle, which their dot product ignores. The KV cache holds V'_n,
+    as ResFormer's holds its V'_n. q: (B, H, T, hd), layer n's queries; keys, values: layers
+    1 .. n's keys and own values at q's positions, each (B, H_kv, T, hd); returns V'_n, as each."""
+    B, H, T, hd = q.shape
+    H_kv = values[0].size(1)
+    q = q.view(B, H_kv, H // H_kv, T, hd).mean(dim=2)  # one query per KV head
+    scores = torch.stack([(q * k).sum(dim=-1) for k in keys]) / math.sqrt(hd)  # (n, B, H_kv, T)
+    weights = scores.softmax(dim=0).unsqueeze(-1)
+    # summed one layer at a time, not stacked: autograd then keeps no copy of every layer's V_m
+    return sum(w * v for w, v in zip(weights, values))
 
 
 def attn_res_sublayers(config):

@@ -5,7 +5,10 @@
 # KV head in layers 2-8; gated_resformer: our static control of it, one learned gate per layer and
 # KV head; Attention Residuals (arXiv 2603.15031): each sublayer reads a softmax over depth of the
 # embedding and every earlier sublayer's output; Block AttnRes over block sums, one layer a block
-# here (8 blocks, the paper's N = 8). None adds more than 0.04% parameters, nor any KV cache.
+# here (8 blocks, the paper's N = 8); Depth-Attention (arXiv 2606.05014): before attending over the
+# sequence, layer n mixes layers 1 .. n's values at each position by a softmax of its query against
+# their keys, and caches the mixed values (no parameters). None adds more than 0.04% parameters,
+# nor any KV cache.
 # The successors that rebuild the residual stream (ablations.py's CONNECTIONS): Hyper-Connections
 # (arXiv 2409.19606; 4 streams, dynamic), mHC (arXiv 2512.24880) and MUDDFormer (arXiv 2502.12170)
 # add 0.07%, 0.96% and 0.34% parameters here and no KV cache; --variant=hyper_connections, mhc or
@@ -20,8 +23,9 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=gated_resformer --out_dir=out/successors_gated_resformer
 #   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=attn_res --out_dir=out/successors_attn_res
 #   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=attn_res_block --out_dir=out/successors_attn_res_block
+#   torchrun --standalone --nproc_per_node=8 train.py config/successors_82m.py --variant=depth_attention --out_dir=out/successors_depth_attention
 # The relative training loss (each run's smoothed training loss minus the Transformer's):
-#   python lab/relative_loss.py out/successors_vanilla out/successors_resformer out/successors_satformer out/successors_gated_resformer out/successors_attn_res out/successors_attn_res_block
+#   python lab/relative_loss.py out/successors_vanilla out/successors_resformer out/successors_satformer out/successors_gated_resformer out/successors_attn_res out/successors_attn_res_block out/successors_depth_attention
 # CPU counterpart (4 and 8 layers, d 128, character-level Shakespeare, 3 seeds; GPT-2 BPE with
 # --scale=bpe):
 #   python lab/reproduce.py successors

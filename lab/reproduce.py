@@ -138,8 +138,8 @@ LENGTHS = {'cpu': [64, 128, 256, 512], 'gpu': [512, 1024, 2048, 4096], 'bpe': [6
 # Beyond the paper: the value residual's successors (ablations.py's SUCCESSORS), each beside the
 # Transformer and Identity ResFormer at both depths and paired with the Transformer of its depth; a
 # Transformer widened to its parameters where one adds more than 1% (SUCCESSOR_MATCHED).
-SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block', 'hyper_connections', 'mhc',
-              'muddformer']
+SUCCESSORS = ['satformer', 'gated_resformer', 'attn_res', 'attn_res_block', 'depth_attention',
+              'hyper_connections', 'mhc', 'muddformer']
 SUCCESSOR_MATCHED = 0.01
 # the datasets' vocabularies as train.py pads them (84 characters; GPT-2)
 PADDED_VOCAB = {'cpu': 128, 'gpu': 50304, 'bpe': 50304}
@@ -433,7 +433,7 @@ PROBED = ('dataset', 'variant', 'value_embeds', 'value_bank', 'value_mapping', '
           'muon', 'muon_adjust_lr', 'value_residual', 'lambdas', 'lambda_mode', 'value_rescale',
           'neutreno_lambda', 'residual_from', 'anchors', 'backbone',
           'value_gate', 'value_gate_last_k', 'value_gate_static', 'attn_res', 'attn_res_block',
-          'hyper_connections', 'hc_rate', 'hc_dynamic', 'muddformer')
+          'depth_attention', 'hyper_connections', 'hc_rate', 'hc_dynamic', 'muddformer')
 # --check: a retrained run's final loss against its summary's. On our machine 1 and 2 threads gave the same
 # loss to the last bit (cpu_variant=vanilla_seed=1337); another CPU or BLAS sums in another order, and 600
 # steps amplify last-bit differences, so the check allows 0.01, about a quarter of Identity ResFormer's gain

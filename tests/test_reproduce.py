@@ -221,7 +221,7 @@ def test_run_names_identify_settings():
     figures = 2 + 4 + 5 + 4 + 8 + 7 + 2 + 2 + 2 + 3 + 6 + 7
     assert len(names) == len(settings) == (87 + 7 * 3 + 2 * 3 * 3 + 2 * 2 * 3 + 4 * 3 + 5 * 2 * 3
                                            + (5 - 1) * 2 * 3 + muon * 3 + 4 * 3 + figures * 3
-                                           + (7 + 2) * 2 * 3  # successors: 7, 2 widened, each depth
+                                           + (8 + 2) * 2 * 3  # successors: 8, 2 widened, each depth
                                            + 16 + 24  # tuned's sweep, one seed: 16 new at 4 layers, 24 at 8
                                            + 3 + 5 + 5 + 5 + 3  # tuned's 6 seeds at 4 layers (TUNED_BEST)
                                            + 8 * 3)  # EXTRA_SEEDS where a verdict hinged: the Transformer,

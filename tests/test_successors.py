@@ -1,5 +1,5 @@
 """The value residual's successors (ablations.py's SUCCESSORS): SATFormer, our static-gate control
-of it, Attention Residuals and Block AttnRes. Each against what it must equal (the Transformer or
+of it, Attention Residuals, Block AttnRes and Depth-Attention. Each against what it must equal (the Transformer or
 ResFormer where its gate or query makes it so, a naive reference written here), cached decoding
 against the full forward, train.py's exact resume and 2-rank DDP, and torch.compile. Tiny models on
 the CPU, as test_model.py's."""
@@ -17,7 +17,8 @@ from test_train import (TINY, TWO_PASSES, assert_same_weights, log, records, tor
 torch.set_num_threads(1)
 
 # every named successor, and its options: the gates, the last k layers, GQA, blocks of 2 and of 3 of
-# 4 layers (the last one partial), GPT-2's blocks, and AttnRes over ResFormer's layers
+# 4 layers (the last one partial), GPT-2's blocks, AttnRes over ResFormer's layers, and
+# Depth-Attention under GQA
 CASES = {name: dict(variant=name) for name in SUCCESSORS} | {
     'satformer_sigmoid_gqa': dict(variant='satformer', value_gate='sigmoid', n_kv_head=2),
     'satformer_tanh_last_2': dict(value_gate='tanh', value_gate_last_k=2),
@@ -26,6 +27,7 @@ CASES = {name: dict(variant=name) for name in SUCCESSORS} | {
     'attn_res_block_3': dict(variant='attn_res_block', attn_res_block=3),
     'attn_res_gpt2': dict(variant='attn_res', backbone='gpt2'),
     'attn_res_resformer_gqa': dict(variant='resformer_identity', attn_res='full', n_kv_head=2),
+    'depth_attention_gqa': dict(variant='depth_attention', n_kv_head=2),
 }
 
 
@@ -191,6 +193,39 @@ def test_attn_res_at_init_averages_its_sources_uniformly():
     torch.testing.assert_close(stats['hidden'][0], (emb + y) / 2, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize('n_kv_head', [4, 2])
+def test_depth_attention_values_match_naive_reference(n_kv_head):
+    """Layer n >= 2 attends over V'_n(t) = Σ_{m<=n} softmax_m(q_n(t) · k_m(t) / √d_h) V_m(t), written
+    here per position and KV head from each layer's own projections, without RoPE (a dot product at
+    one position ignores it), q_n(t) the mean of the KV head's group of queries; layer 1 keeps V_1."""
+    model = tiny_model(variant='depth_attention', n_kv_head=n_kv_head)
+    idx = random_tokens(model)
+    stats = {}
+    logits_of(model, idx, stats=stats)
+    (B, T), hd = idx.shape, model.config.n_embd // model.config.n_head
+    group = model.config.n_head // n_kv_head
+    inputs = [model.wte(idx)] + stats['hidden'][:-1]  # block n's input is block n-1's output
+    q, k, v = [], [], []
+    for block, x in zip(model.blocks, inputs):
+        h = block.norm_attn(x)
+        q.append(block.attn.c_q(h).view(B, T, n_kv_head, group, hd).mean(dim=3))
+        k.append(block.attn.c_k(h).view(B, T, n_kv_head, hd))
+        v.append(block.attn.c_v(h).view(B, T, n_kv_head, hd))
+    torch.testing.assert_close(stats['values'][0], v[0].transpose(1, 2), rtol=0, atol=0)
+    for n in range(2, len(model.blocks) + 1):
+        want = torch.empty_like(v[0])
+        for b in range(B):
+            for t in range(T):
+                for g in range(n_kv_head):
+                    scores = torch.stack([q[n - 1][b, t, g] @ k[m][b, t, g] for m in range(n)])
+                    a = (scores / math.sqrt(hd)).softmax(dim=0)
+                    want[b, t, g] = sum(a[m] * v[m][b, t, g] for m in range(n))
+        got = stats['values'][n - 1]
+        # RoPE's tables carry float32's rounding (cos² + sin² = 1 to 1e-7): 1e-6, not float64's 1e-12
+        torch.testing.assert_close(got, want.transpose(1, 2), rtol=0, atol=1e-6)
+        assert (got - v[n - 1].transpose(1, 2)).abs().max() > 0.1  # the mixing moved V_n
+
+
 def test_satformer_takes_another_gate_and_last_k():
     """--variant=satformer --value_gate=tanh --value_gate_last_k=2: SATFormer with those options."""
     config = tiny_config(variant='satformer', value_gate='tanh', value_gate_last_k=2)
@@ -210,6 +245,10 @@ def test_satformer_takes_another_gate_and_last_k():
     (dict(variant='resformer_identity', value_gate='relu'), "variant='satformer'"),
     (dict(attn_res='full', attn_res_block=2), "attn_res='block'"),
     (dict(attn_res='block', attn_res_block=-1), 'attn_res_block'),
+    (dict(variant='depth_attention', value_residual=True), 'value_residual'),
+    (dict(depth_attention=True, share_kv='k'), 'share_kv'),
+    (dict(depth_attention=True, value_bank=True), 'value_bank'),
+    (dict(depth_attention=True, n_layer=1), 'n_layer >= 2'),
 ])
 def test_bad_successor_settings_are_one_line_value_errors(kw, words):
     with pytest.raises(ValueError) as e:
