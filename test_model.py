@@ -375,7 +375,8 @@ def test_model_py_holds_the_paper_fields_and_ablations_py_the_rest():
                      'value_bank',
                      # the value residual's successors (tests/test_successors.py)
                      'value_gate', 'value_gate_last_k', 'value_gate_static', 'attn_res',
-                     'attn_res_block', 'depth_attention', 'hyper_connections', 'hc_rate', 'hc_dynamic', 'muddformer'}
+                     'attn_res_block', 'depth_attention', 'hyper_connections', 'hc_rate', 'hc_dynamic',
+                     'muddformer'}
     assert ablations(tiny_config(variant='svformer')) == []
     assert ablations(tiny_config(variant='cla')) == ['share_kv']
     assert set(ablations(tiny_config(variant='shared_key', backbone='gpt2'))) == {'residual_type', 'backbone'}
