@@ -206,7 +206,7 @@ class CausalSelfAttention(nn.Module):
         return v if kv_cache is None else kv_cache.store('v', self.v_slot, v)
 
     def mix(self, lambda_n, v1, v):
-        """ResFormer: V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the value heads before GQA repeats them;
+        """ResFormer: V'_n = λ_{n,1} V1 + λ_{n,2} V_n, on the value heads (SDPA repeats those, GQA);
         V_n itself in a Transformer layer. V1 is not detached: every later layer trains layer 1's
         W_V. Only V1's newest rows: a cache holds the mixed V'_n of earlier positions already."""
         return lambda_n[0] * newest(v1, v.size(2)) + lambda_n[1] * v if self.takes_v1 else v

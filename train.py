@@ -64,7 +64,8 @@ eval_full = False  # score every validation window at each evaluation but step 0
 eval_only = False  # evaluate once, print the loss and stop, writing nothing
 ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations and stops only)
 max_time = 0  # seconds, 0 for no limit. The first step boundary past it saves and exits 0. It
-#   exits 1 instead if this launch trained no step and saves nothing there (raise max_time).
+#   exits 1 instead if this launch trained no step and saves nothing there (raise max_time);
+#   with save_checkpoint=False it exits 0.
 init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto' (resume if it exists)
 overwrite = False  # let a fresh run replace out_dir's run (its ckpt*.pt, best.pt and log.jsonl)
 save_checkpoint = True  # False writes no ckpt.pt or best.pt (lab/bench.py's node check times runs)
@@ -301,7 +302,7 @@ def stop_unsaved(why):
 def save(best, background):
     """Write the checkpoint with rank 0's run.save, unless save_checkpoint=False. Never save a step
     whose loss or gradient became NaN or inf (a GPU checks only at log steps). best.pt, if best, is
-    first. Each file goes to a .tmp, is fsynced and renamed; the old ckpt.pt stays as ckpt.prev.pt.
+    renamed into place first. Each file goes to a .tmp, is fsynced and renamed; the old ckpt.pt stays as ckpt.prev.pt.
     In the foreground, it is on disk when this returns. In the background, a thread writes a host
     copy; the next save or the loop's end (exits()) waits for it, and a failed write ends the run
     there in one line. At the barrier, all ranks wait for rank 0's copy or write."""
@@ -334,10 +335,12 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #   boundary                   2. evaluate       3. save ckpt.pt               4. exit
 #   step 0 of a fresh run      yes               no (random weights)           no
 #   every eval_interval steps  yes               yes, in the background        no
-#   every ckpt_interval steps  no (unless due)   yes, in the background        no
+#   every ckpt_interval steps  no (unless due)   yes, in the background, once  no
+#                                                this launch trained a step
 #   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
 #                              under way ends    this launch trained a step,   max_time: 0, or 1
 #                              at its next poll  or evaluated past step 0      if nothing was saved
+#                              (past its last one, it finishes and is saved)
 #   max_iters (the last step)  yes               yes, in the foreground        0, the loop ends
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
@@ -350,8 +353,10 @@ reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type 
 def exits():
     """The loop's ways out. On a SystemExit (a stop, max_time, a one-line error) or a RuntimeError
     (a failed collective, out of memory), wait for the writer, free out_dir's lock, destroy the
-    process group and re-raise, as one line where stops.end_rank knows it. Other errors keep their
-    traceback. At the loop's end, wait for the last background write, then free the lock."""
+    process group and re-raise, as one line where stops.end_rank knows it: a stop's exit code
+    passes unchanged; under torchrun a one-line message goes to the rank's error file and the rank
+    exits 1. Other errors keep their traceback. At the loop's end, wait for the last background
+    write, then free the lock."""
     stop.listen()  # a signal now waits for the next boundary; a 2nd Ctrl-C (not SIGTERM) ends at once
     try:
         yield
