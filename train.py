@@ -16,7 +16,7 @@ below. Start-up calls run once. A call uses the default group unless its row nam
                                 boundary, after an evaluation, and every 16 pieces of an evaluation.
   evaluate  all_reduce          SUMs the domains' losses, once a call (evaluation() makes two with
                                 val_full).
-  save      all_reduce          SUMs the NaN count, at each save.
+  save      all_reduce          SUMs the NaN count and the loss since the last log, at each save.
   save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
   loop      all_reduce x3       SUMs at log steps the NaN count (on CPU, at every step), the loss,
                                 and on CUDA each rank's peak memory.
@@ -286,12 +286,13 @@ def forward_backward(batch):
         scaler.scale(loss).backward()
     return loss_sum
 
-def checkpoint():
-    """All a resume needs: nanoGPT's checkpoint, the loss scaler, the last evaluation, the data."""
+def checkpoint(loss_since_log_mean):
+    """All a resume needs: nanoGPT's checkpoint, the loss scaler, the last evaluation, the data, and
+    the training loss summed since the last log (the ranks' mean: each rank resumes from it)."""
     return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
             'scaler': scaler.state_dict(), 'model_args': asdict(raw_model.config), 'config': config,
             'iter_num': iter_num, 'best_val_loss': best_val_loss, 'last_eval': last_eval,
-            'data_meta': data.meta, 'loss_since_log': (loss_since_log.item(), steps_since_log)}
+            'data_meta': data.meta, 'loss_since_log': (loss_since_log_mean, steps_since_log)}
 
 def stop_unsaved(why):
     """Stop without saving, so the last good checkpoint stays. Every rank calls it alike, as the
@@ -302,15 +303,17 @@ def stop_unsaved(why):
 def save(best, background):
     """Write the checkpoint with rank 0's run.save, unless save_checkpoint=False. Never save a step
     whose loss or gradient became NaN or inf (a GPU checks only at log steps). best.pt, if best, is
-    renamed into place first. Each file goes to a .tmp, is fsynced and renamed; the old ckpt.pt stays as ckpt.prev.pt.
-    In the foreground, it is on disk when this returns. In the background, a thread writes a host
+    renamed into place first. Each file goes to a .tmp, is fsynced and renamed; the old ckpt.pt
+    stays as ckpt.prev.pt. In the foreground, it is on disk when this returns. In the background, a thread writes a host
     copy; the next save or the loop's end (exits()) waits for it, and a failed write ends the run
     there in one line. At the barrier, all ranks wait for rank 0's copy or write."""
+    summed = torch.stack([nonfinite, loss_since_log])  # the NaN count, the loss since the last log
     if ddp:
-        all_reduce(nonfinite)
-    if nonfinite.item():
+        all_reduce(summed)
+    if summed[0].item():
         stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
-    run.save(checkpoint(), best, background)  # rank 0 writes; best.pt is a copy of this ckpt.pt
+    # rank 0 writes (best.pt is a copy of this ckpt.pt)
+    run.save(checkpoint(summed[1].item() / ddp_world_size), best, background)
     if ddp:
         barrier(group=cpu_group)
 
@@ -357,7 +360,7 @@ def exits():
     passes unchanged; under torchrun a one-line message goes to the rank's error file and the rank
     exits 1. Other errors keep their traceback. At the loop's end, wait for the last background
     write, then free the lock."""
-    stop.listen()  # a signal now waits for the next boundary; a 2nd Ctrl-C (not SIGTERM) ends at once
+    stop.listen()  # a signal now waits for the next boundary; a 2nd Ctrl-C (not SIGTERM) ends now
     try:
         yield
         run.wait()

@@ -1503,6 +1503,28 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_to_resume_exactly(work
     assert_same_weights(weights(workdir, 'out_ddp_term'), weights(workdir, 'out_ddp_straight'))
 
 
+
+def test_a_ddp_resume_between_log_steps_logs_what_the_uninterrupted_run_logs(workdir):
+    """A stop under torchrun between two log steps: each rank's training loss summed since the last log
+    differs, and the checkpoint carries their mean, so the resumed run's next log line (the mean over the
+    interval and the ranks) equals the uninterrupted run's, every record alike."""
+    common = [*TINY, *TWO_PASSES, '--max_iters=12', '--lr_decay_iters=12', '--eval_interval=12',
+              '--log_interval=4']
+    torchrun(workdir, *common, '--out_dir=out_ddp_log_straight')
+    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                                '--nproc_per_node=2', *stopping_at(workdir, 6, rank=1), *common,
+                                '--out_dir=out_ddp_log'], cwd=workdir, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank_1 = wait_until_stopped(process, lambda: rank_pid(process.pid, 1))
+    os.kill(rank_1, signal.SIGTERM)
+    os.kill(rank_1, signal.SIGCONT)
+    output = ''.join(process.communicate(timeout=180))
+    checkpoint = torch.load(workdir / 'out_ddp_log' / 'ckpt.pt', weights_only=True)
+    assert checkpoint['iter_num'] == 6 and checkpoint['loss_since_log'][1] == 2, output[-3000:]
+    torchrun(workdir, *common, '--out_dir=out_ddp_log', '--init_from=resume')
+    assert records(workdir, 'out_ddp_log') == records(workdir, 'out_ddp_log_straight')
+
+
 def two_nodes(workdir, *args, node_1=(), script=(REPO / 'train.py',)):
     """Two torchruns of one CPU rank each, as two nodes start them (a static rendezvous at a free port here):
     node 1's rank has RANK=1 and LOCAL_RANK=0. node_1: more arguments for node 1's rank alone."""
