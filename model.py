@@ -26,7 +26,7 @@ VARIANTS = {
     'resformer_constant': dict(value_residual=True), 'resformer_sparse': dict(value_residual=True),
     'resformer_learnable': dict(value_residual=True, lambda_mode='learnable'),
     'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
-    'svformer': dict(value_residual=True),
+    'svformer': dict(value_residual=True),  # λ (1, 0): is_svformer_layer then drops W_V
 }
 # Their λ, model.lambdas (n_layer, 2): row 1 is (0, 1), rows 2 .. n_layer (on V1, on V_n):
 #   vanilla                   (0, 1)                                                       buffer
@@ -95,7 +95,7 @@ class GPTConfig:
     lambda_mode: str = 'fixed'
     """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ softmax(λ')_n)"""
 
-    source_layer = 1  # always 1 here: layer 1 is V1's; ablations.py's property gives 2 for its V2 mix
+    source_layer = 1  # always 1 here (V1's layer); ablations.py's property gives 2 for its V2 mix
 
     def __post_init__(self):
         """Fill in the defaults, a named variant's flags and λ; a bad setting is a ValueError."""

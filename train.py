@@ -405,10 +405,10 @@ with exits(), progress, reader:
         # 3. save? After an evaluation (best.pt too if best), but not step 0's unless it's the last.
         # At a stop or ckpt_interval step, once this launch trained (before that, ckpt.pt already
         # holds this step).
-        after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)
-        trained_this_launch = iter_num > first_step
-        at_interval = ckpt_interval and iter_num % ckpt_interval == 0
-        saving = after_eval or (trained_this_launch and (stopping or at_interval))
+        after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)  # rows eval_interval,
+        trained_this_launch = iter_num > first_step                           # max_iters (or 0)
+        at_interval = ckpt_interval and iter_num % ckpt_interval == 0        # row ckpt_interval
+        saving = after_eval or (trained_this_launch and (stopping or at_interval))  # + row stop
         if saving:  # in the foreground at a stop or the last step, as the process ends after it
             save(best, background=not stopping and iter_num < max_iters)
         if evaluated:
