@@ -64,8 +64,8 @@ eval_full = False  # score every validation window at each evaluation but step 0
 eval_only = False  # evaluate once, print the loss and stop, writing nothing
 ckpt_interval = 0  # also write ckpt.pt every this many steps (0: at evaluations and stops only)
 max_time = 0  # seconds, 0 for no limit. The first step boundary past it saves and exits 0. It
-#   exits 1 instead if this launch trained no step and saves nothing there (raise max_time);
-#   with save_checkpoint=False it exits 0.
+#   exits 1 instead if this launch neither trained a step nor evaluated past step 0 (raise
+#   max_time), whatever save_checkpoint says.
 init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt), or 'auto' (resume if it exists)
 overwrite = False  # let a fresh run replace out_dir's run (its ckpt*.pt, best.pt and log.jsonl)
 save_checkpoint = True  # False writes no ckpt.pt or best.pt (lab/bench.py's node check times runs)
@@ -342,7 +342,7 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #                                                this launch trained a step
 #   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
 #                              under way ends    this launch trained a step,   max_time: 0, or 1
-#                              at its next poll  or evaluated past step 0      if nothing was saved
+#                              at its next poll  or evaluated past step 0      if it had no save due
 #                              (past its last one, it finishes and is saved)
 #   max_iters (the last step)  yes               yes, in the foreground        0, the loop ends
 first_step, next_batch = iter_num, None
