@@ -802,6 +802,10 @@ def t_critical(df, level=0.05):
     return (low + high) / 2
 
 
+# verdict's answers as the reports' verdict column words them
+VERDICT_WORDS = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
+
+
 def verdict(t, n):
     """'<' (A's loss resolved below B's), '>' or 'unresolved': the paired t of A − B over n seeds against
     the two-sided 5% critical value for n − 1 degrees of freedom."""
@@ -899,11 +903,10 @@ def group_rows(groups):
             cross = crossing_step(mean_curve([r['curve'] for r in group['runs']]), target)
         first = group['runs'][0]
         minutes = sum(r['seconds'] for r in group['runs']) / 60
-        said = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
         rows.append(f"| {label} | {len(losses)} | {mean:.4f} ± {std:.4f} | "
                     f"{'–' if diff is None else f'{diff[0]:+.4f} ± {diff[1]:.4f}'} | "
                     f"{'–' if diff is None else fmt_t(diff[2], len(paired))} | "
-                    f"{'–' if diff is None or len(paired) < 2 else said[verdict(diff[2], len(paired))]} | "
+                    f"{'–' if diff is None or len(paired) < 2 else VERDICT_WORDS[verdict(diff[2], len(paired))]} | "
                     f"{'never' if cross is None else f'{cross:.0f}'} | "
                     f"{first['params']:,} | {first['kv_bytes_per_token']:,} | {minutes:.1f} |")
     return ["| group | seeds | final val loss (mean ± std) | Δ vs Transformer (paired mean ± std) | t | "
@@ -1125,13 +1128,13 @@ def successor_rows(groups):
     """Each successor against Identity ResFormer of its depth, and against the Transformer widened to its
     parameters where there is one (the widened group of its depth whose parameters are nearest its own,
     within 1%), paired seed by seed; its parameters and KV cache against the Transformer's."""
-    said = {'<': 'ahead', '>': 'behind', 'unresolved': 'unresolved'}
-
     def against(label, other):
         if other is None or not groups[other]['runs']:
             return '– | – | –'
         mean, t, n = paired_difference(groups, [(1, label)], [(1, other)])
-        return '– | – | –' if n == 0 else f"{mean:+.4f} | {fmt_t(t, n)} | {said[verdict(t, n)] if n > 1 else '–'}"
+        if n == 0:
+            return '– | – | –'
+        return f"{mean:+.4f} | {fmt_t(t, n)} | {VERDICT_WORDS[verdict(t, n)] if n > 1 else '–'}"
 
     rows = []
     for label, group in groups.items():
