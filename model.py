@@ -315,7 +315,7 @@ class GPT(nn.Module):
         normal_init(self.modules())
 
     def store_lambdas(self, config):
-        """λ of layers n > 1 (the table under VARIANTS): a buffer, or parameters (never decayed)."""
+        """λ of layers 2..n_layer (source_layer is 1 here): a buffer, or parameters (no decay)."""
         rows = config.lambdas[config.source_layer:] if config.value_residual else \
             [(0.0, 1.0)] * (config.n_layer - config.source_layer)
         later = torch.tensor(rows).view(len(rows), 2)
@@ -324,7 +324,7 @@ class GPT(nn.Module):
         elif config.lambda_mode == 'learnable':
             self.lambda_1 = nn.Parameter(later[:, 0].clone())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus, λ softmax(λ')_n: λ = the rows' sum, λ' = log(rows / λ)
+        else:  # Learnable-Plus: λ = the rows' sum (n_layer), λ' = log(rows / λ); λ softmax(λ'): rows
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_prime = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())

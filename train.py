@@ -13,9 +13,10 @@ below. Start-up calls run once. A call uses the default group unless its row nam
   start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights to all.
                                 It averages the gradients in the backward of each step's last pass.
   stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
-                                boundary, after an evaluation, and every 16 pieces of an evaluation.
-  evaluate  all_reduce          SUMs the domains' losses, once a call (evaluation() makes two with
-                                val_full).
+                                boundary, after an evaluation, and every 16 pieces of an evaluation
+                                while every rank has 16 more.
+  evaluate  all_reduce          SUMs the domains' losses, once a call that a stop did not cut short
+                                (on every rank alike). evaluation() makes two calls with val_full.
   save      all_reduce          SUMs the NaN count and the loss since the last log, at each save.
   save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
   loop      all_reduce x3       SUMs at log steps the NaN count (on CPU, at every step), the loss,
@@ -83,7 +84,9 @@ data_order = 'auto'  # 'random' (as nanoGPT), 'epoch' (each window once) or 'epo
 # model: these, and every other field of AblationConfig (ablations.py, model.py) with its default
 variant = 'resformer_identity'  # vanilla, resformer_identity/constant/sparse/learnable/
 #   learnable_plus, svformer (model.py's VARIANTS), a baseline (ablations.py's BASELINES: neutreno,
-#   neutreno_resformer, denseformer, cla, share_k, share_v, shared_query, shared_key), or 'custom'
+#   neutreno_resformer, denseformer, cla, share_k, share_v, shared_query, shared_key), a successor
+#   (satformer, gated_resformer, attn_res, attn_res_block, depth_attention, hyper_connections, mhc,
+#   muddformer), or 'custom'
 n_layer = 4
 n_head = 4
 n_embd = 128
@@ -126,13 +129,15 @@ global_batch = gradient_accumulation_steps * batch_size  # sequences per step on
 tokens_per_iter = global_batch * block_size
 data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order, max_iters,
                     global_batch, eval_iters, batch_size, eval_full)  # checks prepare.py's files
-# AblationConfig(**{the settings named like its fields}, vocab_size padded to a multiple of 64),
-# model.py's GPTConfig plus ablations.py's flags. A paper variant sets no flag: apply_variant's
-# first line hands it to GPTConfig's, whose λ table is under model.py's VARIANTS. build_model
-# returns model.py's GPT.
+# ablations.py's AblationConfig: model.py's GPTConfig (a subclass) plus the ablations' own fields,
+# from the settings named like its fields, with vocab_size padded to a multiple of 64. A paper
+# variant with every ablation field at its default (anchors too) gets GPTConfig's apply_variant,
+# so model.py's λ (the table under VARIANTS), and build_model returns model.py's GPT; any ablation
+# field set builds ablations.py's AblationGPT. Tested: test_model.py's
+# test_train_py_gives_each_paper_variant_model_py_lambdas.
 model_config = settings.model_config(config, data.meta['vocab_size'])
-# Under torchrun the device is cuda:LOCAL_RANK, made current, and CUDA allows TF32. A model too big,
-# or a full-scale run that fell back to the CPU, ends here in one line. dtype is a name.
+# Under torchrun the device is cuda:LOCAL_RANK, made current; CUDA allows TF32 and turns NCCL's flight
+# recorder on. A model too big, or a full-scale run fallen back to the CPU, ends in one line. dtype: a name
 device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
                            saves=save_checkpoint)  # rank 0 locks out_dir and then checks it
@@ -199,10 +204,6 @@ if wandb_log and master_process:  # before the process group: a slow login keeps
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 if ddp:  # a rank hung in a default-group collective ends the job after 10 minutes
-    if device_type == 'cuda':  # NCCL's flight recorder then dumps a rank's last 2,000 collectives
-        new_name = tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 8)  # renamed in 2.8
-        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if new_name else
-                              'TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # into /tmp/nccl_trace_rank_*
     torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
         timeout=timedelta(minutes=10), device_id=torch.device(device) if device_type == 'cuda' else None)
 # stop_now and save's barrier use cpu_group. It runs gloo on the CPU, so the stop flag never queues
@@ -335,16 +336,19 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 # -----------------------------------------------------------------------------
 # the loop. Each step boundary asks, in order: 1. stop? 2. evaluate? 3. save? 4. exit? Then the
 # step trains. Only 3 writes ckpt.pt, once at most, with best.pt beside it if the val loss improved.
-#   boundary                   2. evaluate       3. save ckpt.pt               4. exit
-#   step 0 of a fresh run      yes               no (random weights)           no
-#   every eval_interval steps  yes               yes, in the background        no
-#   every ckpt_interval steps  no (unless due)   yes, in the background, once  no
-#                                                this launch trained a step
-#   a stop signal or max_time  no new one; one   yes, in the foreground, if    signal n: 128 + n
-#                              under way ends    this launch trained a step,   max_time: 0, or 1
-#                              at its next poll  or evaluated past step 0      if it had no save due
-#                              (past its last one, it finishes and is saved)
-#   max_iters (the last step)  yes               yes, in the foreground        0, the loop ends
+#   boundary                   2. evaluate        3. save ckpt.pt                4. exit
+#   step 0 of a fresh run      yes                no (random weights)            no
+#   every eval_interval steps  yes                yes, in the background         no
+#   every ckpt_interval steps  no (unless due)    yes, in the background, if     no
+#                                                 this launch trained a step
+#   a stop signal or max_time  no new one; one    yes, in the foreground, if     signal n: 128 + n;
+#                              under way ends at  this launch trained a step, or max_time: 0, or 1
+#                              its next poll, or  if this boundary's evaluation  if it had nothing
+#                              finishes if none   (past step 0) finished         new to save
+#   max_iters (the last step)  yes                yes, in the foreground         0, the loop ends
+# Before the loop (exits() starts it), a stop signal ends the process at once with 128 + n: there
+# is nothing to save. In the loop, a second Ctrl-C ends it at once (after a background write
+# lands); a second SIGTERM, SIGHUP or SIGUSR1 changes nothing.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
@@ -402,13 +406,15 @@ with exits(), progress, reader:
             if wandb_log and master_process:
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
-        # 3. save? After an evaluation (best.pt too if best), but not step 0's unless it's the last.
-        # At a stop or ckpt_interval step, once this launch trained (before that, ckpt.pt already
-        # holds this step).
-        after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)  # rows eval_interval,
-        trained_this_launch = iter_num > first_step                           # max_iters (or 0)
-        at_interval = ckpt_interval and iter_num % ckpt_interval == 0        # row ckpt_interval
-        saving = after_eval or (trained_this_launch and (stopping or at_interval))  # + row stop
+        # 3. save? The table's column 3, row by row. Until this launch trains a step, a stop or a
+        # ckpt_interval step has nothing new to save: a resumed run's ckpt.pt holds this step.
+        trained_this_launch = iter_num > first_step
+        at_interval = ckpt_interval > 0 and iter_num % ckpt_interval == 0
+        saving = bool(
+            (evaluated and iter_num > 0)  # rows eval_interval and stop: after an evaluation
+            or (evaluated and iter_num == max_iters)  # row max_iters (max_iters=0 included)
+            or (trained_this_launch and at_interval)  # row ckpt_interval
+            or (trained_this_launch and stopping))  # row stop
         if saving:  # in the foreground at a stop or the last step, as the process ends after it
             save(best, background=not stopping and iter_num < max_iters)
         if evaluated:

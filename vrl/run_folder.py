@@ -33,7 +33,9 @@ class RunFolder:
     process ends (atexit; the OS when it is killed). saves=False (save_checkpoint=False): no ckpt.pt or
     best.pt. A fresh run that overwrites, or a resumed one, changes the old files only when it first
     writes: a run that fails before that leaves them as they were. resuming: whether the run continues
-    out_dir's checkpoint (init_from 'resume', or 'auto' where there is one), the same on every rank."""
+    out_dir's checkpoint (init_from 'resume', or 'auto' where there is one), the same on every rank.
+    Below, what train.py's loop calls (save, wait, kept, log, let_go), then the start (take, resume).
+    No call here is a collective: each acts on its own rank, and only the writer writes."""
 
     def __init__(self, out_dir, init_from, overwrite, writes, saves=True):
         self.out_dir, self.writes, self.saves = out_dir, writes, saves
@@ -49,124 +51,6 @@ class RunFolder:
             self.take(init_from, overwrite)
         # no rank writes before every rank has read this (the process group starts after the resume)
         self.resuming = init_from == 'resume' or init_from == 'auto' and self.has_checkpoint()
-
-    def has_checkpoint(self):
-        return os.path.exists(self.ckpt_path) or os.path.exists(self.previous_path)
-
-    def take(self, init_from, overwrite):
-        """Make out_dir and hold out_dir/.lock, then check under it that out_dir holds no run unless told what
-        to do with it: a run that starts while another ends into the same folder sees its files."""
-        if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):
-            raise SystemExit(f"train.py: out_dir={self.out_dir} is a file, not a folder; pick another --out_dir")
-        try:
-            self.made_out_dir = not os.path.isdir(self.out_dir)
-            os.makedirs(self.out_dir, exist_ok=True)
-            self.lock = locks.hold(os.path.join(self.out_dir, '.lock'), 'train.py', self.refusal)
-            atexit.register(self.let_go)
-            tempfile.TemporaryFile(dir=self.out_dir).close()
-        except OSError as e:
-            raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e.strerror or e}); "
-                             f"pick another --out_dir") from None
-        existing = [name for name in (*RUN_FILES, PREVIOUS)
-                    if os.path.exists(os.path.join(self.out_dir, name))]
-        if existing and init_from == 'scratch' and not overwrite:
-            raise SystemExit(f"train.py: {self.out_dir} already holds a run ({', '.join(existing)}); "
-                             f"continue it with --init_from=resume (or auto), or start over with "
-                             f"--overwrite=True (deletes it), or pick another --out_dir")
-        if existing and init_from == 'auto' and not self.has_checkpoint():
-            print(f"train.py: {self.out_dir} holds {', '.join(existing)} but no checkpoint (a run stopped "
-                  f"before its first save): starting from scratch, which replaces them", file=sys.stderr)
-            self.before_first_write = 'overwrite'
-        # a resume reads the log whole, to cut it back to the checkpoint's step
-        cli.refuse_pipe(self.log_path, "train.py: the run's log", "remove it, or replace it with a file")
-        self.remove_half_written_files()
-
-    def resume(self, model_config, config, data_meta, eval_only):
-        """(model, checkpoint) of ckpt.pt, or of ckpt.prev.pt where ckpt.pt is missing or cannot be read
-        (torn by a crash, damaged), with one line that says so; checked to continue exactly (check_resume)
-        before anything touches out_dir. Its step is then the last good one, and the log is cut back to it
-        when the run first writes (an evaluation its checkpoint holds stays: the run does not repeat it).
-        eval_only scores ckpt.pt alone."""
-        path = self.ckpt_path
-        if not (eval_only or self.has_checkpoint()):  # a kill before the first save leaves a log alone
-            raise SystemExit(f"train.py: checkpoint {path} not found, so there is nothing to resume; start "
-                             f"the run with --init_from=auto, which starts over where there is no checkpoint")
-        try:
-            model, checkpoint = load_checkpoint(path, resuming=True)
-        except SystemExit as unreadable:
-            if eval_only or not os.path.exists(self.previous_path):
-                raise
-            path, self.keep_previous = self.previous_path, False  # the next save replaces ckpt.pt alone
-            model, checkpoint = load_checkpoint(path, resuming=True)
-            if self.writes:
-                print(f"train.py: {str(unreadable.code).split(';')[0]}; resuming from {path} (step "
-                      f"{checkpoint['iter_num']}), the checkpoint saved before it", file=sys.stderr)
-        check_resume(checkpoint, path, model.config, model_config, config, data_meta, eval_only)
-        broken = next((name for name, w in model.state_dict().items()
-                       if w.is_floating_point() and not torch.isfinite(w).all()), None)
-        if broken and not eval_only:
-            raise SystemExit(f"train.py: {path} holds NaN or inf weights ({broken}), so it cannot be "
-                             f"resumed; start over with --overwrite=True, or resume from a copy of best.pt")
-        self.saved_step, self.saved_path = checkpoint['iter_num'], path
-        checkpoint.setdefault('last_eval', None)  # written by a train.py before it kept the last evaluation
-        checkpoint.setdefault('loss_since_log', (0.0, 0))  # or before it logged interval means
-        evaluated = (checkpoint['last_eval'] or {}).get('step') == self.saved_step
-        self.before_first_write = ('resume', self.saved_step, evaluated)
-        return model, checkpoint
-
-    def let_go(self):
-        """At the end of the process, whatever ended it: let go of out_dir's lock. A run that wrote nothing
-        there, in an out_dir it made (a start refused partway), leaves no trace: the lock files and the
-        folder go too."""
-        if self.lock is None:
-            return
-        if self.writing:  # the process ends once its checkpoint is on disk, under the lock
-            self.writing.join()
-            if self.failure:
-                print(self.cannot_write(self.ckpt_path, self.failure), file=sys.stderr)
-        empty = self.made_out_dir and not any(os.path.exists(os.path.join(self.out_dir, name))
-                                              for name in (*RUN_FILES, PREVIOUS))
-        self.lock.release(remove=empty)
-        self.lock = None
-        if empty:
-            with contextlib.suppress(OSError):  # not empty after all: leave it
-                os.rmdir(self.out_dir)
-
-    def refusal(self, holder):
-        return (f"another run ({holder}) is writing to {self.out_dir}; wait for it to end, "
-                f"or pick another --out_dir")
-
-    def remove_half_written_files(self):
-        """Remove the .tmp files of writes a kill cut short (only ours: never a user's notes.tmp), saying so
-        for a checkpoint's: a save killed mid-way, perhaps a stop-save that outlasted the scheduler's grace
-        time."""
-        for name in RUN_FILES:
-            path = os.path.join(self.out_dir, name + '.tmp')
-            if os.path.isfile(path):
-                if name.endswith('.pt'):
-                    print(f"train.py: removed {path}, a checkpoint write cut short by a kill "
-                          f"(docs/training.md, 'Preemption', says how to give a stopped job time to save)",
-                          file=sys.stderr)
-                os.remove(path)
-
-    def first_write(self):
-        """Before the run's first write: delete the old run (overwrite), or cut the log of a resumed one back
-        to what it said up to the checkpoint's step."""
-        pending, self.before_first_write = self.before_first_write, None
-        if pending == 'overwrite':
-            for name in (*RUN_FILES, PREVIOUS):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(self.out_dir, name))
-        elif pending and os.path.exists(self.log_path):
-            _, step, evaluated = pending
-            with open(self.log_path, 'rb') as f:  # bytes: a line that is not UTF-8 is no record
-                kept = [line if line.endswith(b'\n') else line + b'\n'
-                        for line in f if is_record_before(line, step, evaluated)]
-            with open(self.log_path + '.tmp', 'wb') as f:
-                f.writelines(kept)
-            flush_to_disk(self.log_path + '.tmp')
-            os.replace(self.log_path + '.tmp', self.log_path)
-            flush_folder(self.out_dir)
 
     def save(self, checkpoint, best, background=False):
         """Write ckpt.pt, and best.pt too when best: each its own file (damage to one leaves the other),
@@ -253,6 +137,15 @@ class RunFolder:
             error, self.failure = self.failure, None
             raise SystemExit(self.cannot_write(self.ckpt_path, error))
 
+    @property
+    def kept(self):
+        """What a run that stops now leaves, for the line that says why it stopped: once the write under way
+        has landed (the process's end waits for it anyway)."""
+        if self.writing:
+            self.writing.join()
+        return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
+                if self.saved_step is not None else "no checkpoint written")
+
     def log(self, record):
         """Append record to log.jsonl (only the writer)."""
         if not self.writes:
@@ -266,14 +159,23 @@ class RunFolder:
         except OSError as e:
             raise SystemExit(self.cannot_write(self.log_path, e)) from None
 
-    @property
-    def kept(self):
-        """What a run that stops now leaves, for the line that says why it stopped: once the write under way
-        has landed (the process's end waits for it anyway)."""
-        if self.writing:
+    def let_go(self):
+        """At the end of the process, whatever ended it: let go of out_dir's lock. A run that wrote nothing
+        there, in an out_dir it made (a start refused partway), leaves no trace: the lock files and the
+        folder go too."""
+        if self.lock is None:
+            return
+        if self.writing:  # the process ends once its checkpoint is on disk, under the lock
             self.writing.join()
-        return (f"{self.saved_path} (step {self.saved_step}) is the last good checkpoint"
-                if self.saved_step is not None else "no checkpoint written")
+            if self.failure:
+                print(self.cannot_write(self.ckpt_path, self.failure), file=sys.stderr)
+        empty = self.made_out_dir and not any(os.path.exists(os.path.join(self.out_dir, name))
+                                              for name in (*RUN_FILES, PREVIOUS))
+        self.lock.release(remove=empty)
+        self.lock = None
+        if empty:
+            with contextlib.suppress(OSError):  # not empty after all: leave it
+                os.rmdir(self.out_dir)
 
     def cannot_write(self, path, error):
         """The line that ends a run whose write of path failed."""
@@ -285,6 +187,105 @@ class RunFolder:
                    f"{self.kept}"
         return f"train.py: cannot write {path} ({type(error).__name__}: {error}); fix out_dir, {self.kept}"
 
+    def has_checkpoint(self):
+        return os.path.exists(self.ckpt_path) or os.path.exists(self.previous_path)
+
+    def take(self, init_from, overwrite):
+        """Make out_dir and hold out_dir/.lock, then check under it that out_dir holds no run unless told what
+        to do with it: a run that starts while another ends into the same folder sees its files."""
+        if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):
+            raise SystemExit(f"train.py: out_dir={self.out_dir} is a file, not a folder; pick another --out_dir")
+        try:
+            self.made_out_dir = not os.path.isdir(self.out_dir)
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.lock = locks.hold(os.path.join(self.out_dir, '.lock'), 'train.py', self.refusal)
+            atexit.register(self.let_go)
+            tempfile.TemporaryFile(dir=self.out_dir).close()
+        except OSError as e:
+            raise SystemExit(f"train.py: cannot write to {self.out_dir} ({e.strerror or e}); "
+                             f"pick another --out_dir") from None
+        existing = [name for name in (*RUN_FILES, PREVIOUS)
+                    if os.path.exists(os.path.join(self.out_dir, name))]
+        if existing and init_from == 'scratch' and not overwrite:
+            raise SystemExit(f"train.py: {self.out_dir} already holds a run ({', '.join(existing)}); "
+                             f"continue it with --init_from=resume (or auto), or start over with "
+                             f"--overwrite=True (deletes it), or pick another --out_dir")
+        if existing and init_from == 'auto' and not self.has_checkpoint():
+            print(f"train.py: {self.out_dir} holds {', '.join(existing)} but no checkpoint (a run stopped "
+                  f"before its first save): starting from scratch, which replaces them", file=sys.stderr)
+            self.before_first_write = 'overwrite'
+        # a resume reads the log whole, to cut it back to the checkpoint's step
+        cli.refuse_pipe(self.log_path, "train.py: the run's log", "remove it, or replace it with a file")
+        self.remove_half_written_files()
+
+    def resume(self, model_config, config, data_meta, eval_only):
+        """(model, checkpoint) of ckpt.pt, or of ckpt.prev.pt where ckpt.pt is missing or cannot be read
+        (torn by a crash, damaged), with one line that says so; checked to continue exactly (check_resume)
+        before anything touches out_dir. Its step is then the last good one, and the log is cut back to it
+        when the run first writes (an evaluation its checkpoint holds stays: the run does not repeat it).
+        eval_only scores ckpt.pt alone."""
+        path = self.ckpt_path
+        if not (eval_only or self.has_checkpoint()):  # a kill before the first save leaves a log alone
+            raise SystemExit(f"train.py: checkpoint {path} not found, so there is nothing to resume; start "
+                             f"the run with --init_from=auto, which starts over where there is no checkpoint")
+        try:
+            model, checkpoint = load_checkpoint(path, resuming=True)
+        except SystemExit as unreadable:
+            if eval_only or not os.path.exists(self.previous_path):
+                raise
+            path, self.keep_previous = self.previous_path, False  # the next save replaces ckpt.pt alone
+            model, checkpoint = load_checkpoint(path, resuming=True)
+            if self.writes:
+                print(f"train.py: {str(unreadable.code).split(';')[0]}; resuming from {path} (step "
+                      f"{checkpoint['iter_num']}), the checkpoint saved before it", file=sys.stderr)
+        check_resume(checkpoint, path, model.config, model_config, config, data_meta, eval_only)
+        broken = next((name for name, w in model.state_dict().items()
+                       if w.is_floating_point() and not torch.isfinite(w).all()), None)
+        if broken and not eval_only:
+            raise SystemExit(f"train.py: {path} holds NaN or inf weights ({broken}), so it cannot be "
+                             f"resumed; start over with --overwrite=True, or resume from a copy of best.pt")
+        self.saved_step, self.saved_path = checkpoint['iter_num'], path
+        checkpoint.setdefault('last_eval', None)  # written by a train.py before it kept the last evaluation
+        checkpoint.setdefault('loss_since_log', (0.0, 0))  # or before it logged interval means
+        evaluated = (checkpoint['last_eval'] or {}).get('step') == self.saved_step
+        self.before_first_write = ('resume', self.saved_step, evaluated)
+        return model, checkpoint
+
+    def refusal(self, holder):
+        return (f"another run ({holder}) is writing to {self.out_dir}; wait for it to end, "
+                f"or pick another --out_dir")
+
+    def remove_half_written_files(self):
+        """Remove the .tmp files of writes a kill cut short (only ours: never a user's notes.tmp), saying so
+        for a checkpoint's: a save killed mid-way, perhaps a stop-save that outlasted the scheduler's grace
+        time."""
+        for name in RUN_FILES:
+            path = os.path.join(self.out_dir, name + '.tmp')
+            if os.path.isfile(path):
+                if name.endswith('.pt'):
+                    print(f"train.py: removed {path}, a checkpoint write cut short by a kill "
+                          f"(docs/training.md, 'Preemption', says how to give a stopped job time to save)",
+                          file=sys.stderr)
+                os.remove(path)
+
+    def first_write(self):
+        """Before the run's first write: delete the old run (overwrite), or cut the log of a resumed one back
+        to what it said up to the checkpoint's step."""
+        pending, self.before_first_write = self.before_first_write, None
+        if pending == 'overwrite':
+            for name in (*RUN_FILES, PREVIOUS):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.out_dir, name))
+        elif pending and os.path.exists(self.log_path):
+            _, step, evaluated = pending
+            with open(self.log_path, 'rb') as f:  # bytes: a line that is not UTF-8 is no record
+                kept = [line if line.endswith(b'\n') else line + b'\n'
+                        for line in f if is_record_before(line, step, evaluated)]
+            with open(self.log_path + '.tmp', 'wb') as f:
+                f.writelines(kept)
+            flush_to_disk(self.log_path + '.tmp')
+            os.replace(self.log_path + '.tmp', self.log_path)
+            flush_folder(self.out_dir)
 
 def flush_to_disk(path):
     """Flush a written file to the disk (fsync): a rename that follows then never names a file whose bytes

@@ -3,7 +3,9 @@ How a run stops. StopSignals: Ctrl-C, a scheduler's SIGTERM, a dropped ssh sessi
 warning SIGUSR1 stop a run at once until its loop starts (nothing to save yet; one that lands inside tqdm
 waits for the loop, a moment later), then only at a step boundary, where train.py polls
 StopSignals.signal, saves and exits: a run never saves a half-made state.
-A second Ctrl-C stops at once. Errors inside the loop end the rank in one line, under torchrun too.
+A second Ctrl-C stops at once; a second SIGTERM, SIGHUP or SIGUSR1 changes nothing. Errors inside the
+loop end the rank in one line, under torchrun too (end_rank). The only collective here is leave_group's
+destroy_process_group. First what train.py calls (StopSignals, leave_group, end_rank), then their helpers.
 Imports no torch at module level: train.py imports this first, so Ctrl-C during the imports is caught.
 """
 import atexit
@@ -60,19 +62,13 @@ class StopSignals:
         self.polling = True
 
 
-def in_tqdm(frame):
-    """Whether frame, or a frame that called it, runs tqdm's code."""
-    tqdm = sys.modules.get('tqdm')
-    folder = tqdm and os.path.dirname(tqdm.__file__) + os.sep
-    while folder and frame:
-        if frame.f_code.co_filename.startswith(folder):
-            return True
-        frame = frame.f_back
-    return False
-
-
-# How gloo and NCCL say that a collective failed because another rank had exited or failed
-PEER_FAILED = (' by peer', 'remote process exit', 'ncclRemoteError', 'communicator was aborted')
+def leave_group():
+    """Destroy the process group if one is up: NCCL's watchdog and gloo's threads end with it, and no
+    rank prints their teardown warnings over its error."""
+    import torch
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.distributed.destroy_process_group()
 
 
 def end_rank(error, ddp):
@@ -94,13 +90,32 @@ def end_rank(error, ddp):
     raise error
 
 
-def leave_group():
-    """Destroy the process group if one is up: NCCL's watchdog and gloo's threads end with it, and no
-    rank prints their teardown warnings over its error."""
-    import torch
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        with contextlib.suppress(Exception):
-            torch.distributed.destroy_process_group()
+# How gloo and NCCL say that a collective failed because another rank had exited or failed
+PEER_FAILED = (' by peer', 'remote process exit', 'ncclRemoteError', 'communicator was aborted')
+
+
+def stop_rank(message, after_a_peer=False):
+    """End this rank with its one-line error. torchrun gets it in the rank's error file instead of
+    stderr: its closing summary, the last thing it prints, shows the first failure's line, so the line
+    shows once, last. A rank that stops because a peer failed is stamped a second later, so that the
+    peer's failure stays first."""
+    if 'TORCHELASTIC_ERROR_FILE' not in os.environ:  # plain python, or another launcher
+        raise SystemExit(message)
+    error = {'message': message, 'extraInfo': {'timestamp': int(time.time()) + after_a_peer}}
+    with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+        json.dump({'message': error}, f)
+    raise SystemExit(1)
+
+
+def in_tqdm(frame):
+    """Whether frame, or a frame that called it, runs tqdm's code."""
+    tqdm = sys.modules.get('tqdm')
+    folder = tqdm and os.path.dirname(tqdm.__file__) + os.sep
+    while folder and frame:
+        if frame.f_code.co_filename.startswith(folder):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Quiet:
@@ -134,16 +149,3 @@ class Quiet:
 
 LONE_FAILURE_WAIT = 10.0  # seconds; ranks start within a second or two of each other, and torchrun
 # polls its ranks every 0.1 s (every 5 s before torch 2.2: raise it there)
-
-
-def stop_rank(message, after_a_peer=False):
-    """End this rank with its one-line error. torchrun gets it in the rank's error file instead of
-    stderr: its closing summary, the last thing it prints, shows the first failure's line, so the line
-    shows once, last. A rank that stops because a peer failed is stamped a second later, so that the
-    peer's failure stays first."""
-    if 'TORCHELASTIC_ERROR_FILE' not in os.environ:  # plain python, or another launcher
-        raise SystemExit(message)
-    error = {'message': message, 'extraInfo': {'timestamp': int(time.time()) + after_a_peer}}
-    with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
-        json.dump({'message': error}, f)
-    raise SystemExit(1)
