@@ -28,15 +28,16 @@ VARIANTS = {
     'resformer_learnable_plus': dict(value_residual=True, lambda_mode='plus'),
     'svformer': dict(value_residual=True),  # λ (1, 0): is_svformer_layer then drops W_V
 }
-# Their λ, model.lambdas (n_layer, 2): row 1 is (0, 1), rows 2 .. n_layer (on V1, on V_n):
-#   vanilla                   (0, 1)                                                       buffer
-#   resformer_identity        (0.5, 0.5)                                                   buffer
-#   resformer_constant        (2, 1)                                                       buffer
-#   resformer_sparse          (5, 1) in the top 3/8 of the layers, else (0, 1)             buffer
-#   resformer_learnable       (λ_{n,1}, λ_{n,2}) from (0.5, 0.5)                           learned
-#   resformer_learnable_plus  (λ softmax(λ')_n, λ_{n,2}): λ = n_layer, softmax(λ') =        learned
-#                             softmax(linspace(0, 1)), λ_{n,2} = 0.5 at the start
-#   svformer                  (1, 0): layers n > 1 have no W_V                             buffer
+# Their λ, model.lambdas (n_layer, 2): row 1 is (0, 1), rows 2..n_layer (on V1, on V_n), kept in the
+# buffer fixed_lambdas, or learned in the parameters named (GPT.store_lambdas):
+#   vanilla                   (0, 1)
+#   resformer_identity        (0.5, 0.5)
+#   resformer_constant        (2, 1)
+#   resformer_sparse          (5, 1) in the top 3/8 of the layers, else (0, 1)
+#   resformer_learnable       (lambda_1, lambda_2), from (0.5, 0.5)
+#   resformer_learnable_plus  (λ softmax(λ')_n, lambda_2), λ = lambda_scale, λ' = lambda_prime: from
+#                             n_layer, log softmax(linspace(0, 1)) over layers 2 .. n_layer, and 0.5
+#   svformer                  (1, 0): layers n > 1 have no W_V
 
 
 def variant_lambdas(variant, n_layer, source=1):
@@ -94,7 +95,6 @@ class GPTConfig:
     (0.5, 0.5). A layer with a fixed weight 0 on V_n is an SVFormer layer: it has no W_V."""
     lambda_mode: str = 'fixed'
     """'fixed', 'learnable' (from `lambdas`), 'plus' (Learnable-Plus: λ_{n,1} = λ softmax(λ')_n)"""
-
     source_layer = 1  # always 1 here (V1's layer); ablations.py's property gives 2 for its V2 mix
 
     def __post_init__(self):
@@ -324,7 +324,7 @@ class GPT(nn.Module):
         elif config.lambda_mode == 'learnable':
             self.lambda_1 = nn.Parameter(later[:, 0].clone())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus: λ = the rows' sum (n_layer), λ' = log(rows / λ); λ softmax(λ'): rows
+        else:  # Learnable-Plus: λ = the rows' sum, λ' = log(rows / λ), so λ softmax(λ') = the rows
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_prime = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())

@@ -1235,12 +1235,17 @@ def test_train_py_gives_each_paper_variant_model_py_lambdas(variant):
 
 
 def test_model_py_lambda_table_lists_every_variant_and_how_it_is_kept():
-    """model.py's table under VARIANTS names each variant once, 'learned' where GPT learns λ."""
+    """model.py's table under VARIANTS names each variant once, and the parameters (lambda_*) of
+    those whose λ GPT learns, the very ones GPT makes; the others' λ is the buffer fixed_lambdas."""
     source = Path(__file__).with_name('model.py').read_text(encoding='utf-8')
-    rows = re.findall(r"^#   (\w+) .* (buffer|learned)$", source, flags=re.M)
-    assert [name for name, _ in rows] == list(VARIANTS)
-    for name, kept in rows:
-        assert (kept == 'learned') == (GPTConfig(variant=name).lambda_mode != 'fixed'), name
+    table = source[source.index('# Their λ'):source.index('def variant_lambdas')]
+    rows = re.findall(r"^#   (\w+) +(.*)\n((?:#    +.*\n)*)", table, flags=re.M)
+    assert [name for name, _, _ in rows] == list(VARIANTS)
+    for name, row, more in rows:
+        named = set(re.findall(r'lambda_\w+', row + more))
+        learned = {k for k, _ in GPT(GPTConfig(variant=name, n_layer=4)).named_parameters()
+                   if k.startswith('lambda_')}
+        assert named == learned, name
 
 
 def test_readme_cites_the_model_py_lines_that_define_each_name():

@@ -1,25 +1,27 @@
 """
 Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with torchrun (DDP):
 
-    python train.py                                # a small Identity ResFormer on Shakespeare (CPU)
+    python train.py                                # a small Identity ResFormer on Shakespeare
     torchrun --standalone --nproc_per_node=8 train.py config/resformer_82m.py --variant=vanilla
 
 The layout is nanoGPT's: settings, data, model and optimizer, the loop's helpers, then the loop,
 whose ways out are in exits(). Each helper call's comment says what it does, so you need not open
-vrl/, ablations.py or configurator.py. tests/test_collectives.py checks the list of collectives
-below. Start-up calls run once. A call uses the default group unless its row names cpu_group.
+vrl/, ablations.py or configurator.py. Below is every collective: no other helper call makes one,
+as tests/test_collectives.py checks in train.py and every vrl/ file. Start-up calls run once. A
+call uses the default group unless its row names cpu_group.
   start-up  init_process_group  Makes the default group (NCCL on CUDA, else gloo), timeout 10 min.
   start-up  new_group           Makes cpu_group (gloo), with a 60-min timeout for rank 0's save.
-  start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights to all.
+  start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights and
+                                buffers to all.
                                 It averages the gradients in the backward of each step's last pass.
   stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
-                                boundary, after an evaluation, and every 16 pieces of an evaluation
-                                while every rank has 16 more.
+                                boundary, after an evaluation, and after every 16th piece of an
+                                evaluation that every rank has.
   evaluate  all_reduce          SUMs the domains' losses, once a call that a stop did not cut short
                                 (on every rank alike). evaluation() makes two calls with val_full.
-  save      all_reduce          SUMs the NaN count and the loss since the last log, at each save.
+  save      all_reduce          SUMs the NaN flag and the loss since the last log, at each save.
   save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
-  loop      all_reduce x3       SUMs at log steps the NaN count (on CPU, at every step), the loss,
+  loop      all_reduce x3       SUMs at log steps the NaN flag (on CPU, at every step), the loss,
                                 and on CUDA each rank's peak memory.
   end       all_reduce x2       Takes the weights' MAX and MIN once, to show the replicas agree.
   end       barrier             After a run that went well, every rank waits for all the others.
@@ -297,7 +299,7 @@ def checkpoint(loss_since_log_mean):
 
 def stop_unsaved(why):
     """Stop without saving, so the last good checkpoint stays. Every rank calls it alike, as the
-    losses and the NaN count are all-reduced. So rank 0 alone says why; the others exit 1 quietly.
+    losses and the NaN flag are all-reduced. So rank 0 alone says why; the others exit 1 quietly.
     run.kept waits for a background write, then names the last checkpoint on disk."""
     raise SystemExit(f"train.py: {why}; stopped without saving, {run.kept}" if master_process else 1)
 
@@ -308,7 +310,7 @@ def save(best, background):
     stays as ckpt.prev.pt. In the foreground, it is on disk when this returns. In the background, a thread writes a host
     copy; the next save or the loop's end (exits()) waits for it, and a failed write ends the run
     there in one line. At the barrier, all ranks wait for rank 0's copy or write."""
-    summed = torch.stack([nonfinite, loss_since_log])  # the NaN count, the loss since the last log
+    summed = torch.stack([nonfinite, loss_since_log])  # the NaN flag, the loss since the last log
     if ddp:
         all_reduce(summed)
     if summed[0].item():
@@ -336,23 +338,26 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 # -----------------------------------------------------------------------------
 # the loop. Each step boundary asks, in order: 1. stop? 2. evaluate? 3. save? 4. exit? Then the
 # step trains. Only 3 writes ckpt.pt, once at most, with best.pt beside it if the val loss improved.
-#   boundary                   2. evaluate        3. save ckpt.pt                4. exit
-#   step 0 of a fresh run      yes                no (random weights)            no
-#   every eval_interval steps  yes                yes, in the background         no
-#   every ckpt_interval steps  no (unless due)    yes, in the background, if     no
-#                                                 this launch trained a step
-#   a stop signal or max_time  no new one; one    yes, in the foreground, if     signal n: 128 + n;
-#                              under way ends at  this launch trained a step, or max_time: 0, or 1
-#                              its next poll, or  if this boundary's evaluation  if it had nothing
-#                              finishes if none   (past step 0) finished         new to save
-#   max_iters (the last step)  yes                yes, in the foreground         0, the loop ends
+#   boundary                   2. evaluate         3. save ckpt.pt                 4. exit
+#   step 0 of a fresh run      yes                 no: its weights are random      no
+#   every eval_interval steps  yes                 yes, in the background          no
+#   every ckpt_interval steps  only if due         yes, in the background, if      no
+#                                                  this launch trained a step
+#   a stop signal n            no new one; one     yes, in the foreground, if      128 + n
+#                              under way ends at   this launch trained a step, or
+#                              its next poll, or   if this boundary's evaluation
+#                              finishes if none    (past step 0) finished
+#   max_time                   as a stop signal    as a stop signal                0; 1 if no save
+#   max_iters (the last step)  yes (unless done)   yes, in the foreground          0: the loop ends
 # Before the loop (exits() starts it), a stop signal ends the process at once with 128 + n: there
-# is nothing to save. In the loop, a second Ctrl-C ends it at once (after a background write
-# lands); a second SIGTERM, SIGHUP or SIGUSR1 changes nothing.
+# is nothing to save (one that lands while tqdm draws waits for the loop's first boundary). In the
+# loop, a Ctrl-C after any first signal ends it at once (after a background write lands); a second
+# SIGTERM, SIGHUP or SIGUSR1 changes nothing.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
-# reads step i+1's batch during step i, on the rank's GPU (else it opens a context on GPU 0)
+# reads step i+1's batch into (pinned) host memory during step i; on_device copies it to the GPU.
+# set_device keeps the thread on the rank's GPU (else it opens a context on GPU 0).
 reader = ThreadPoolExecutor(1, initializer=torch.cuda.set_device if device_type == 'cuda' else None,
                             initargs=(device,))
 
@@ -369,7 +374,7 @@ def exits():
         yield
         run.wait()
     except (SystemExit, RuntimeError) as error:
-        run.let_go()
+        run.let_go()  # waits for a background write first, then frees the lock
         stops.leave_group()
         stops.end_rank(error, ddp)
     finally:
@@ -406,15 +411,13 @@ with exits(), progress, reader:
             if wandb_log and master_process:
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
-        # 3. save? The table's column 3, row by row. Until this launch trains a step, a stop or a
-        # ckpt_interval step has nothing new to save: a resumed run's ckpt.pt holds this step.
+        # 3. save? The table's column 3: after an evaluation (rows eval_interval, max_iters and a
+        # stop's), but not step 0's unless max_iters is 0; at a ckpt_interval step, a stop signal or
+        # max_time, once this launch trained a step (a resumed run's ckpt.pt holds this step).
         trained_this_launch = iter_num > first_step
         at_interval = ckpt_interval > 0 and iter_num % ckpt_interval == 0
-        saving = bool(
-            (evaluated and iter_num > 0)  # rows eval_interval and stop: after an evaluation
-            or (evaluated and iter_num == max_iters)  # row max_iters (max_iters=0 included)
-            or (trained_this_launch and at_interval)  # row ckpt_interval
-            or (trained_this_launch and stopping))  # row stop
+        saving = bool((evaluated and (iter_num > 0 or iter_num == max_iters))
+                      or (trained_this_launch and (at_interval or stopping)))
         if saving:  # in the foreground at a stop or the last step, as the process ends after it
             save(best, background=not stopping and iter_num < max_iters)
         if evaluated:
