@@ -6,13 +6,13 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
 
 The layout is nanoGPT's: settings, data, model and optimizer, the loop's helpers, then the loop,
 whose ways out are in exits(). Each helper call's comment says what it does, so you need not open
-vrl/, ablations.py or configurator.py. Below is every collective: no other helper call makes one,
-as tests/test_collectives.py checks in train.py and every vrl/ file. Start-up calls run once. A
+vrl/, ablations.py or configurator.py. Below is every collective: no other call makes one, as
+tests/test_collectives.py checks in train.py, vrl/, model.py, ablations.py and configurator.py. Start-up calls run once. A
 call uses the default group unless its row names cpu_group.
   start-up  init_process_group  Makes the default group (NCCL on CUDA, else gloo), timeout 10 min.
   start-up  new_group           Makes cpu_group (gloo), with a 60-min timeout for rank 0's save.
-  start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights and
-                                buffers to all.
+  start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights to all
+                                (buffers too where torch has forward_sync_buffers; ours match).
                                 It averages the gradients in the backward of each step's last pass.
   stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
                                 boundary, after an evaluation, and after every 16th piece of an
@@ -33,6 +33,7 @@ import time
 _launched = time.time()  # max_time counts from here. The leading _ keeps it out of the settings.
 from vrl import stops  # imported first, so that a Ctrl-C during the imports ends in one line
 stop = stops.StopSignals()  # until the loop, Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 exit with 128 + n
+# In the loop (stop.listen() in exits()), a signal only sets stop.signal, the first one's number.
 
 import inspect
 import math

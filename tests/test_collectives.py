@@ -1,4 +1,5 @@
-"""Every collective train.py makes, its own and its vrl helpers', is in train.py's docstring list."""
+"""Every collective train.py makes, its own and its helpers' (vrl/, model.py, ablations.py and
+configurator.py), is in train.py's docstring list."""
 import ast
 import collections
 import re
@@ -32,13 +33,15 @@ def call_sites(path, top_level_where):
 
 def code_sites(train_py=REPO / 'train.py'):
     """Every collective call in train.py ('start-up', 'loop' or 'end' outside its functions: before, inside
-    and after its training loop, the one `while`) and in the vrl helpers ('vrl/file.py:function')."""
+    and after its training loop, the one `while`) and in the helpers ('vrl/file.py:function')."""
     loop = next(node for node in ast.walk(ast.parse(train_py.read_text())) if isinstance(node, ast.While))
     sites = call_sites(train_py, lambda line: 'start-up' if line < loop.lineno else
                        'loop' if line <= loop.end_lineno else 'end')
-    for helper in sorted((REPO / 'vrl').glob('*.py')):
+    helpers = [*sorted((REPO / 'vrl').glob('*.py')), *(REPO / f for f in
+               ('model.py', 'ablations.py', 'configurator.py'))]
+    for helper in helpers:
         for (where, name), n in call_sites(helper, lambda line: 'top level').items():
-            sites[f'vrl/{helper.name}:{where}', name] += n
+            sites[f'{helper.relative_to(REPO)}:{where}', name] += n
     return sites
 
 
