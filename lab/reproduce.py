@@ -391,12 +391,23 @@ def name_part(value):
 # more}: where a verdict hinged on a pair that 3 seeds left unresolved. At 8 layers the optimizer suite's
 # change under Muon (characters: t = 1.2; GPT-2 BPE, where one AdamW seed puts Identity ResFormer 0.09
 # behind: t = -0.1); λ = 1 against λ = 2 (t -0.2); NeuTRENO against ResFormer, NeuTRENO-ResFormer and
-# DenseFormer (t 2.6, -0.7, -4.07); sharing Q against the Transformer (t 2.0).
+# DenseFormer (t 2.6, -0.7, -4.07); sharing Q against the Transformer (t 2.0). Queued, not yet trained:
+# lengths (ResFormer at 64 and 512 tokens: t -2.9, -2.5; SVFormer's growth: -2.4), the bank at 8 layers
+# (t 3.1), placement's last widening (t -2.2) and Table 10's cells (t 3.0, -1.0, 2.0), and the
+# successors Depth-Attention and Hyper-Connections at 4 layers (t -3.9, -3.0).
 EXTRA_SEEDS = {('optimizer', 'cpu', 'L8'): 3, ('optimizer', 'bpe', 'L8'): 3,
                **{('lambdas', 'cpu', label): 3 for label in ('vanilla', 'λ=1', 'λ=2')},
                **{('neutreno', 'cpu', label): 3 for label in ('vanilla', 'neutreno λ=0.4', 'neutreno_resformer',
                                                              'resformer_identity', 'denseformer')},
-               **{('shared_qk', 'cpu', label): 3 for label in ('vanilla', 'shared_query')}}
+               **{('shared_qk', 'cpu', label): 3 for label in ('vanilla', 'shared_query')},
+               **{('lengths', 'cpu', f'{v} T={T}'): 3 for T in (64, 512)
+                  for v in ('vanilla', 'resformer_identity', 'svformer')},
+               **{('value_bank', 'cpu', f'{v} L8'): 3 for v in ('vanilla', 'resformer_identity', 'value_bank')},
+               **{('placement', 'cpu', f'{label} L8'): 3 for label in (
+                   'vanilla', 'layers 4-8', 'layers 5-8', 'layers 2-4', 'layers 2-4 rescaled',
+                   'layers 6-8 (Sparse)', 'layers 6-8 rescaled')},
+               **{('successors', 'cpu', f'{v} L4'): 3 for v in (
+                   'vanilla', 'resformer_identity', 'depth_attention', 'hyper_connections')}}
 
 
 def group_seeds(suite, scale, label, seeds):
