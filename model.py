@@ -324,7 +324,7 @@ class GPT(nn.Module):
         elif config.lambda_mode == 'learnable':
             self.lambda_1 = nn.Parameter(later[:, 0].clone())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())
-        else:  # Learnable-Plus: λ = the rows' sum, λ' = log(rows / λ), so λ softmax(λ') = the rows
+        else:  # Learnable-Plus: λ = Σ rows (n_layer), λ' = log(rows / λ), so λ softmax(λ') = rows
             self.lambda_scale = nn.Parameter(later[:, 0].sum())
             self.lambda_prime = nn.Parameter((later[:, 0] / later[:, 0].sum()).log())
             self.lambda_2 = nn.Parameter(later[:, 1].clone())

@@ -6,26 +6,30 @@ Train a ResFormer, SVFormer or baseline on one CPU or GPU, or on N GPUs with tor
 
 The layout is nanoGPT's: settings, data, model and optimizer, the loop's helpers, then the loop,
 whose ways out are in exits(). Each helper call's comment says what it does, so you need not open
-vrl/, ablations.py or configurator.py. Below is every collective: no other call makes one, as
-tests/test_collectives.py checks in train.py, vrl/, model.py, ablations.py and configurator.py. Start-up calls run once. A
-call uses the default group unless its row names cpu_group.
-  start-up  init_process_group  Makes the default group (NCCL on CUDA, else gloo), timeout 10 min.
-  start-up  new_group           Makes cpu_group (gloo), with a 60-min timeout for rank 0's save.
-  start-up  DDP                 Checks the weights' shapes, then copies rank 0's weights to all
-                                (buffers too where torch has forward_sync_buffers; ours match).
-                                It averages the gradients in the backward of each step's last pass.
-  stop_now  all_reduce          Takes the MAX of the stop flag on cpu_group. It runs at each step
+vrl/, ablations.py or configurator.py. Below is every collective, and its line in this file: no
+other call makes one, as tests/test_collectives.py checks (in train.py, vrl/, model.py, ablations.py
+and configurator.py, and each line given). Start-up calls run once. A call uses the default group
+unless its row names cpu_group.
+  start-up  init_process_group  Line 214. Makes the default group (NCCL on CUDA, else gloo), with a
+                                10-minute timeout.
+  start-up  new_group           Line 218. Makes cpu_group (gloo), with a 60-minute timeout for rank
+                                0's save.
+  start-up  DDP                 Line 226. Checks the weights' shapes, then copies rank 0's weights to
+                                all (our buffers are constants, alike on each rank). Then, in the
+                                backward of each step's last pass, it averages the gradients.
+  stop_now  all_reduce          Line 252. Takes the MAX of the stop flag on cpu_group: at each step
                                 boundary, after an evaluation, and after every 16th piece of an
                                 evaluation that every rank has.
-  evaluate  all_reduce          SUMs the domains' losses, once a call that a stop did not cut short
-                                (on every rank alike). evaluation() makes two calls with val_full.
-  save      all_reduce          SUMs the NaN flag and the loss since the last log, at each save.
-  save      barrier             On cpu_group, all wait for rank 0's host copy or foreground write.
-  loop      all_reduce x3       SUMs at log steps the NaN flag (on CPU, at every step), the loss,
-                                and on CUDA each rank's peak memory.
-  end       all_reduce x2       Takes the weights' MAX and MIN once, to show the replicas agree.
-  end       barrier             After a run that went well, every rank waits for all the others.
-  end       destroy_process_group  Then it tears both groups down.
+  evaluate  all_reduce          Line 279. SUMs the domains' losses, once a call that a stop did not
+                                cut short (on every rank alike); two with val_full (evaluation()).
+  save      all_reduce          Line 320. SUMs the NaN flag and the loss since the last log.
+  save      barrier             Line 326. On cpu_group, all wait for rank 0's host copy or its write.
+  loop      all_reduce x3       Lines 470, 484, 492. SUM at log steps the NaN flag (on CPU, at every
+                                step), the loss, and on CUDA each rank's peak memory.
+  end       all_reduce x2       Lines 511, 512. Take the weights' MAX and MIN once, to show the
+                                replicas agree.
+  end       barrier             Line 517. After a run that went well, every rank waits for all.
+  end       destroy_process_group  Line 518. Then it tears both groups down.
   vrl/stops.py:leave_group destroy_process_group  exits() calls it when a SystemExit or a
                                 RuntimeError (a stop, max_time, an error) leaves the loop.
 """
@@ -341,7 +345,7 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 # step trains. Only 3 writes ckpt.pt, once at most, with best.pt beside it if the val loss improved.
 #   boundary                   2. evaluate         3. save ckpt.pt                 4. exit
 #   step 0 of a fresh run      yes                 no: its weights are random      no
-#   every eval_interval steps  yes                 yes, in the background          no
+#   every eval_interval steps  yes (unless done)   yes, in the background          no
 #   every ckpt_interval steps  only if due         yes, in the background, if      no
 #                                                  this launch trained a step
 #   a stop signal n            no new one; one     yes, in the foreground, if      128 + n
@@ -412,13 +416,14 @@ with exits(), progress, reader:
             if wandb_log and master_process:
                 wandb.log(last_eval, step=iter_num)
             pass_seconds = (time.time() - t_eval) / max(eval_passes(iter_num), 1)
-        # 3. save? The table's column 3: after an evaluation (rows eval_interval, max_iters and a
-        # stop's), but not step 0's unless max_iters is 0; at a ckpt_interval step, a stop signal or
-        # max_time, once this launch trained a step (a resumed run's ckpt.pt holds this step).
+        # 3. save? The table's column 3. Until this launch trains a step, a ckpt_interval step or a
+        # stop has nothing new to save: a resumed run's ckpt.pt holds this step.
         trained_this_launch = iter_num > first_step
         at_interval = ckpt_interval > 0 and iter_num % ckpt_interval == 0
-        saving = bool((evaluated and (iter_num > 0 or iter_num == max_iters))
-                      or (trained_this_launch and (at_interval or stopping)))
+        # rows eval_interval, max_iters, and a stop's finished evaluation (step 0's only if the last)
+        after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)
+        after_training = trained_this_launch and (at_interval or stopping)  # rows ckpt_interval, stop
+        saving = bool(after_eval or after_training)
         if saving:  # in the foreground at a stop or the last step, as the process ends after it
             save(best, background=not stopping and iter_num < max_iters)
         if evaluated:

@@ -59,6 +59,20 @@ def test_every_collective_is_in_train_pys_list():
     assert code_sites() == listed_sites()
 
 
+def test_each_row_gives_the_lines_of_its_calls():
+    """A row of train.py's own calls names their lines ('Line 214.', 'Lines 469, 483, 491.'), one a
+    call, each holding that call: a reader can go straight to it."""
+    doc = ast.get_docstring(ast.parse((REPO / 'train.py').read_text()))
+    lines = (REPO / 'train.py').read_text().splitlines()
+    rows = re.findall(r'^  (\S+) +(\w+)(?: x(\d+))? +Lines? ([\d, ]+)\.', doc, re.M)
+    assert len(rows) == sum(1 for where, _ in listed_sites() if not where.startswith('vrl/'))
+    for where, name, times, numbers in rows:
+        numbers = [int(n) for n in numbers.split(', ')]
+        assert len(numbers) == int(times or 1), (where, name)
+        for n in numbers:
+            assert re.search(rf'\b{name}\(', lines[n - 1]), (where, name, n, lines[n - 1])
+
+
 def test_an_unlisted_collective_fails_the_list(tmp_path):
     """An all_reduce added to evaluate, or a broadcast in the loop, and the list no longer matches."""
     source = (REPO / 'train.py').read_text()
