@@ -51,7 +51,7 @@ def variant_lambdas(variant, n_layer, source=1):
         first = n_layer + 1 - (3 * n_layer) // 8          # of 8: layers 6-8 (the paper's best)
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ' from linspace(0, 1), ours: the paper says only "stronger for higher layers" (top: e x)
+        # λ' from linspace(0, 1), ours: the paper says only "stronger for higher layers" (top: e x 2nd)
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]

@@ -1248,6 +1248,19 @@ def test_model_py_lambda_table_lists_every_variant_and_how_it_is_kept():
         assert named == learned, name
 
 
+def test_train_py_quotes_the_helper_lines_it_cites():
+    """train.py's comments cite a helper's line with its code (`file.py:N `code``), so a reader need
+    not open the file: each cited line holds that code."""
+    root = Path(__file__).parent
+    comments = ' '.join(line.split('#', 1)[1] for line in (root / 'train.py').read_text(
+        encoding='utf-8').splitlines() if '#' in line)
+    cited = re.findall(r'([\w/]+\.py):(\d+) `([^`]+)`', comments)
+    assert len(cited) >= 3, cited
+    for path, number, code in cited:
+        line = (root / path).read_text(encoding='utf-8').splitlines()[int(number) - 1]
+        assert code in line, (path, number, code, line)
+
+
 def test_readme_cites_the_model_py_lines_that_define_each_name():
     """The README's reading path gives model.py's line of each name it cites (`VARIANTS` (24), `forward`,
     348, ...): each is that name's class, def or assignment."""

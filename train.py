@@ -10,26 +10,26 @@ vrl/, ablations.py or configurator.py. Below is every collective, and its line i
 other call makes one, as tests/test_collectives.py checks (in train.py, vrl/, model.py, ablations.py
 and configurator.py, and each line given). Start-up calls run once. A call uses the default group
 unless its row names cpu_group.
-  start-up  init_process_group  Line 214. Makes the default group (NCCL on CUDA, else gloo), with a
+  start-up  init_process_group  Line 217. Makes the default group (NCCL on CUDA, else gloo), with a
                                 10-minute timeout.
-  start-up  new_group           Line 218. Makes cpu_group (gloo), with a 60-minute timeout for rank
+  start-up  new_group           Line 221. Makes cpu_group (gloo), with a 60-minute timeout for rank
                                 0's save.
-  start-up  DDP                 Line 226. Checks the weights' shapes, then copies rank 0's weights to
+  start-up  DDP                 Line 229. Checks the weights' shapes, then copies rank 0's weights to
                                 all (our buffers are constants, alike on each rank). Then, in the
                                 backward of each step's last pass, it averages the gradients.
-  stop_now  all_reduce          Line 252. Takes the MAX of the stop flag on cpu_group: at each step
+  stop_now  all_reduce          Line 256. Takes the MAX of the stop flag on cpu_group: at each step
                                 boundary, after an evaluation, and after every 16th piece of an
                                 evaluation that every rank has.
-  evaluate  all_reduce          Line 279. SUMs the domains' losses, once a call that a stop did not
+  evaluate  all_reduce          Line 283. SUMs the domains' losses, once a call that a stop did not
                                 cut short (on every rank alike); two with val_full (evaluation()).
-  save      all_reduce          Line 320. SUMs the NaN flag and the loss since the last log.
-  save      barrier             Line 326. On cpu_group, all wait for rank 0's host copy or its write.
-  loop      all_reduce x3       Lines 470, 484, 492. SUM at log steps the NaN flag (on CPU, at every
+  save      all_reduce          Line 324. SUMs the NaN flag and the loss since the last log.
+  save      barrier             Line 330. On cpu_group, all wait for rank 0's host copy or its write.
+  loop      all_reduce x3       Lines 476, 490, 498. SUM at log steps the NaN flag (on CPU, at every
                                 step), the loss, and on CUDA each rank's peak memory.
-  end       all_reduce x2       Lines 511, 512. Take the weights' MAX and MIN once, to show the
+  end       all_reduce x2       Lines 517, 518. Take the weights' MAX and MIN once, to show the
                                 replicas agree.
-  end       barrier             Line 517. After a run that went well, every rank waits for all.
-  end       destroy_process_group  Line 518. Then it tears both groups down.
+  end       barrier             Line 523. After a run that went well, every rank waits for all.
+  end       destroy_process_group  Line 524. Then it tears both groups down.
   vrl/stops.py:leave_group destroy_process_group  exits() calls it when a SystemExit or a
                                 RuntimeError (a stop, max_time, an error) leaves the loop.
 """
@@ -37,7 +37,8 @@ import time
 _launched = time.time()  # max_time counts from here. The leading _ keeps it out of the settings.
 from vrl import stops  # imported first, so that a Ctrl-C during the imports ends in one line
 stop = stops.StopSignals()  # until the loop, Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 exit with 128 + n
-# In the loop (stop.listen() in exits()), a signal only sets stop.signal, the first one's number.
+# In the loop (stop.listen() in exits()), a signal only sets stop.signal, the first one's number:
+# vrl/stops.py:42 `if self.polling and not (self.signal and signum == signal.SIGINT):`
 
 import inspect
 import math
@@ -138,10 +139,10 @@ data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order,
                     global_batch, eval_iters, batch_size, eval_full)  # checks prepare.py's files
 # ablations.py's AblationConfig: model.py's GPTConfig (a subclass) plus the ablations' own fields,
 # from the settings named like its fields, with vocab_size padded to a multiple of 64. A paper
-# variant with every ablation field at its default (anchors too) gets GPTConfig's apply_variant,
-# so model.py's λ (the table under VARIANTS), and build_model returns model.py's GPT; any ablation
-# field set builds ablations.py's AblationGPT. Tested: test_model.py's
-# test_train_py_gives_each_paper_variant_model_py_lambdas.
+# variant with no ablation field set gets model.py's flags and λ (the table under VARIANTS),
+# ablations.py:134 `if self.variant in VARIANTS and not self.anchors:`, and model.py's GPT,
+# ablations.py:225 `return AblationGPT(config) if ablations(config) else GPT(config)`. The start-up
+# line names the class. Tested: test_model.py's test_train_py_gives_each_paper_variant_model_py_lambdas.
 model_config = settings.model_config(config, data.meta['vocab_size'])
 # Under torchrun the device is cuda:LOCAL_RANK, made current; CUDA allows TF32 and turns NCCL's flight
 # recorder on. A model too big, or a full-scale run fallen back to the CPU, ends in one line. dtype: a name
@@ -199,7 +200,9 @@ else:
 raw_model.to(device)
 loss_since_log = torch.tensor(loss_since_log, device=device)  # summing on the device never waits
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
-try:  # nanoGPT's AdamW groups (decay on matrices and embeddings, not norms or λ), plus Muon if set
+# nanoGPT's AdamW groups: decay on matrices and embeddings, not norms or λ, each group with its
+# lr_scale, vrl/optim.py:31 `key = (p.dim() >= 2, float(scales.get(name, 1.0)))`; plus Muon if set
+try:
     optimizer = optim.configure_optimizers(raw_model, weight_decay, learning_rate, (beta1, beta2), device_type,
                                            lr_scales, (muon_lr, muon_adjust_lr) if muon else None)
 except ValueError as e:  # lr_scales names something that is not a parameter of this model
@@ -232,7 +235,8 @@ say = tqdm.write if master_process else lambda line: None  # rank 0 prints, abov
 say(f"{ddp_world_size} rank(s) on {device} ({dtype}); {tokens_per_iter:,} tokens per step = "
     f"{gradient_accumulation_steps} passes of {batch_size} sequences x {block_size} tokens; "
     f"{tokens_per_iter * max(max_iters - iter_num, 0):,} tokens to go")
-say(f"{raw_model.config.variant} model: {raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
+say(f"{raw_model.config.variant} model ({type(raw_model).__name__}): "
+    f"{raw_model.num_params() / 1e6:.2f}M parameters; λ per layer "
     f"{[tuple(round(v, 3) for v in row) for row in raw_model.lambdas.tolist()]}")
 
 def get_lr(it):
@@ -354,10 +358,12 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #                              finishes if none    (past step 0) finished
 #   max_time                   as a stop signal    as a stop signal                0; 1 if no save
 #   max_iters (the last step)  yes (unless done)   yes, in the foreground          0: the loop ends
-# Before the loop (exits() starts it), a stop signal ends the process at once with 128 + n: there
-# is nothing to save (one that lands while tqdm draws waits for the loop's first boundary). In the
-# loop, a Ctrl-C after any first signal ends it at once (after a background write lands); a second
-# SIGTERM, SIGHUP or SIGUSR1 changes nothing.
+# Column 3 is after_eval (rows eval_interval, max_iters and a stop's finished evaluation) or
+# after_training (rows ckpt_interval, stop signal, max_time). Before the loop (exits() starts it), a
+# stop signal ends the process at once with 128 + n: there is nothing to save. In the loop, a Ctrl-C
+# after any first signal raises SystemExit(130) in the handler, wherever the main thread is, and
+# exits() passes it on after a background write lands; a second SIGTERM, SIGHUP or SIGUSR1 changes
+# nothing.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)

@@ -60,7 +60,7 @@ def test_every_collective_is_in_train_pys_list():
 
 
 def test_each_row_gives_the_lines_of_its_calls():
-    """A row of train.py's own calls names their lines ('Line 214.', 'Lines 469, 483, 491.'), one a
+    """A row of train.py's own calls names their lines ('Line N.', 'Lines N, M, K.'), one a
     call, each holding that call: a reader can go straight to it."""
     doc = ast.get_docstring(ast.parse((REPO / 'train.py').read_text()))
     lines = (REPO / 'train.py').read_text().splitlines()
