@@ -201,7 +201,7 @@ class CausalSelfAttention(nn.Module):
     def values(self, x, lambda_n, v1, kv_cache):
         """What layer n attends over: V_n, or ResFormer's V'_n (cached), or SVFormer's V1."""
         if self.svformer:
-            return lambda_n[0] * v1          # SVFormer: U_n = A_n V1, every position's (no cache)
+            return lambda_n[0] * v1          # SVFormer: U_n = A_n V1 (layer 1's slot caches V1)
         v = self.mix(lambda_n, v1, self.heads(self.c_v, x))              # V_n = x W_V (no RoPE)
         return v if kv_cache is None else kv_cache.store('v', self.v_slot, v)
 

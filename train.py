@@ -10,26 +10,26 @@ vrl/, ablations.py or configurator.py. Below is every collective, and its line i
 other call makes one, as tests/test_collectives.py checks (in train.py, vrl/, model.py, ablations.py
 and configurator.py, and each line given). Start-up calls run once. A call uses the default group
 unless its row names cpu_group.
-  start-up  init_process_group  Line 217. Makes the default group (NCCL on CUDA, else gloo), with a
+  start-up  init_process_group  Line 218. Makes the default group (NCCL on CUDA, else gloo), with a
                                 10-minute timeout.
-  start-up  new_group           Line 221. Makes cpu_group (gloo), with a 60-minute timeout for rank
+  start-up  new_group           Line 222. Makes cpu_group (gloo), with a 60-minute timeout for rank
                                 0's save.
-  start-up  DDP                 Line 229. Checks the weights' shapes, then copies rank 0's weights to
+  start-up  DDP                 Line 230. Checks the weights' shapes, then copies rank 0's weights to
                                 all (our buffers are constants, alike on each rank). Then, in the
                                 backward of each step's last pass, it averages the gradients.
-  stop_now  all_reduce          Line 256. Takes the MAX of the stop flag on cpu_group: at each step
+  stop_now  all_reduce          Line 257. Takes the MAX of the stop flag on cpu_group: at each step
                                 boundary, after an evaluation, and after every 16th piece of an
                                 evaluation that every rank has.
-  evaluate  all_reduce          Line 283. SUMs the domains' losses, once a call that a stop did not
+  evaluate  all_reduce          Line 284. SUMs the domains' losses, once a call that a stop did not
                                 cut short (on every rank alike); two with val_full (evaluation()).
-  save      all_reduce          Line 324. SUMs the NaN flag and the loss since the last log.
-  save      barrier             Line 330. On cpu_group, all wait for rank 0's host copy or its write.
-  loop      all_reduce x3       Lines 476, 490, 498. SUM at log steps the NaN flag (on CPU, at every
+  save      all_reduce          Line 325. SUMs the NaN flag and the loss since the last log.
+  save      barrier             Line 332. On cpu_group, all wait for rank 0's host copy or its write.
+  loop      all_reduce x3       Lines 479, 493, 501. SUM at log steps the NaN flag (on CPU, at every
                                 step), the loss, and on CUDA each rank's peak memory.
-  end       all_reduce x2       Lines 517, 518. Take the weights' MAX and MIN once, to show the
+  end       all_reduce x2       Lines 520, 521. Take the weights' MAX and MIN once, to show the
                                 replicas agree.
-  end       barrier             Line 523. After a run that went well, every rank waits for all.
-  end       destroy_process_group  Line 524. Then it tears both groups down.
+  end       barrier             Line 526. After a run that went well, every rank waits for all.
+  end       destroy_process_group  Line 527. Then it tears both groups down.
   vrl/stops.py:leave_group destroy_process_group  exits() calls it when a SystemExit or a
                                 RuntimeError (a stop, max_time, an error) leaves the loop.
 """
@@ -37,8 +37,9 @@ import time
 _launched = time.time()  # max_time counts from here. The leading _ keeps it out of the settings.
 from vrl import stops  # imported first, so that a Ctrl-C during the imports ends in one line
 stop = stops.StopSignals()  # until the loop, Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 exit with 128 + n
-# In the loop (stop.listen() in exits()), a signal only sets stop.signal, the first one's number:
-# vrl/stops.py:42 `if self.polling and not (self.signal and signum == signal.SIGINT):`
+# (one that lands while tqdm draws waits for the loop's first boundary). In the loop (stop.listen()
+# in exits()), a first signal only sets stop.signal, its number; a second Ctrl-C exits 130 at once;
+# a second SIGTERM, SIGHUP or SIGUSR1 changes nothing.
 
 import inspect
 import math
@@ -274,7 +275,7 @@ def evaluate(sets):
     everyone = pieces(sets)
     for k, piece in enumerate(tqdm(everyone[ddp_rank::ddp_world_size], 'eval', leave=False,
                                    delay=5, disable=not master_process)):
-        # poll every 16 pieces, while every rank has that many, so all ranks poll equally often
+        # poll after every 16th piece, while k < the pieces every rank has: all ranks poll alike
         if k % 16 == 15 and k < len(everyone) // ddp_world_size and stop_now():
             model.train()
             return None
@@ -324,7 +325,8 @@ def save(best, background):
         all_reduce(summed)
     if summed[0].item():
         stop_unsaved(f"the training loss or gradient norm became NaN or inf before step {iter_num}")
-    # rank 0 writes (best.pt is a copy of this ckpt.pt)
+    # run.save returns at once on ranks > 0 (and with save_checkpoint=False); on rank 0, after the
+    # host copy (background) or the fsynced rename (foreground). best.pt is a copy of this ckpt.pt.
     run.save(checkpoint(summed[1].item() / ddp_world_size), best, background)
     if ddp:
         barrier(group=cpu_group)
@@ -350,20 +352,21 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 #   boundary                   2. evaluate         3. save ckpt.pt                 4. exit
 #   step 0 of a fresh run      yes                 no: its weights are random      no
 #   every eval_interval steps  yes (unless done)   yes, in the background          no
+#                                                  (after_eval)
 #   every ckpt_interval steps  only if due         yes, in the background, if      no
 #                                                  this launch trained a step
+#                                                  (after_training)
 #   a stop signal n            no new one; one     yes, in the foreground, if      128 + n
-#                              under way ends at   this launch trained a step, or
-#                              its next poll, or   if this boundary's evaluation
-#                              finishes if none    (past step 0) finished
+#                              under way ends at   this launch trained a step
+#                              its next poll, or   (after_training), or if this
+#                              finishes if none    boundary's evaluation (past
+#                                                  step 0) finished (after_eval)
 #   max_time                   as a stop signal    as a stop signal                0; 1 if no save
 #   max_iters (the last step)  yes (unless done)   yes, in the foreground          0: the loop ends
-# Column 3 is after_eval (rows eval_interval, max_iters and a stop's finished evaluation) or
-# after_training (rows ckpt_interval, stop signal, max_time). Before the loop (exits() starts it), a
-# stop signal ends the process at once with 128 + n: there is nothing to save. In the loop, a Ctrl-C
-# after any first signal raises SystemExit(130) in the handler, wherever the main thread is, and
-# exits() passes it on after a background write lands; a second SIGTERM, SIGHUP or SIGUSR1 changes
-# nothing.
+#                                                  (after_eval)
+# Before the loop (exits() starts it), a stop signal ends the process at once with 128 + n: there
+# is nothing to save. In the loop, a Ctrl-C after any first signal raises SystemExit(130) in the
+# handler, wherever the main thread is, and exits() passes it on after a background write lands.
 first_step, next_batch = iter_num, None
 nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
