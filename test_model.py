@@ -30,7 +30,7 @@ from ablations import (BASELINES, AblationAttention, AblationConfig, AblationGPT
                        build_model)
 from configurator import configure
 from model import GPT, VARIANTS, CausalSelfAttention, GPTConfig, KVCache
-from vrl import metrics
+from vrl import metrics, settings as train_settings
 from vrl.optim import configure_optimizers
 from vrl.run_folder import load_checkpoint
 
@@ -1190,14 +1190,13 @@ def test_learnable_lambdas_start_at_config_and_train(variant):
 
 
 def train_py_model(variant, n_layer=8):
-    """The model train.py builds for --variant=variant: configure's settings (every field of
-    AblationConfig, at its default unless set), an AblationConfig of them, then build_model."""
+    """The model train.py builds for --variant=variant, by train.py's own calls: configure's
+    settings (every field of AblationConfig, at its default unless set), vrl/settings.py's
+    model_config of them, then build_model."""
     settings = configure(dict(variant='resformer_identity', n_layer=4, n_head=4, n_embd=32),
                          [f'--variant={variant}', f'--n_layer={n_layer}'], fields_of=AblationConfig,
                          except_fields=('vocab_size',), verbose=False)
-    config = AblationConfig(**{f.name: settings[f.name] for f in dataclasses.fields(AblationConfig)
-                               if f.name in settings}, vocab_size=64)
-    return build_model(config)
+    return build_model(train_settings.model_config(settings, 64))
 
 
 PLUS_8 = [math.exp(j / 6) for j in range(7)]  # Learnable-Plus at 8 layers: λ' from linspace(0, 1)

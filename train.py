@@ -10,26 +10,26 @@ vrl/, ablations.py or configurator.py. Below is every collective, and its line i
 other call makes one, as tests/test_collectives.py checks (in train.py, vrl/, model.py, ablations.py
 and configurator.py, and each line given). Start-up calls run once. A call uses the default group
 unless its row names cpu_group.
-  start-up  init_process_group  Line 218. Makes the default group (NCCL on CUDA, else gloo), with a
+  start-up  init_process_group  Line 220. Makes the default group (NCCL on CUDA, else gloo), with a
                                 10-minute timeout.
-  start-up  new_group           Line 222. Makes cpu_group (gloo), with a 60-minute timeout for rank
+  start-up  new_group           Line 224. Makes cpu_group (gloo), with a 60-minute timeout for rank
                                 0's save.
-  start-up  DDP                 Line 230. Checks the weights' shapes, then copies rank 0's weights to
+  start-up  DDP                 Line 232. Checks the weights' shapes, then copies rank 0's weights to
                                 all (our buffers are constants, alike on each rank). Then, in the
                                 backward of each step's last pass, it averages the gradients.
-  stop_now  all_reduce          Line 257. Takes the MAX of the stop flag on cpu_group: at each step
+  stop_now  all_reduce          Line 259. Takes the MAX of the stop flag on cpu_group: at each step
                                 boundary, after an evaluation, and after every 16th piece of an
                                 evaluation that every rank has.
-  evaluate  all_reduce          Line 284. SUMs the domains' losses, once a call that a stop did not
+  evaluate  all_reduce          Line 286. SUMs the domains' losses, once a call that a stop did not
                                 cut short (on every rank alike); two with val_full (evaluation()).
-  save      all_reduce          Line 325. SUMs the NaN flag and the loss since the last log.
-  save      barrier             Line 332. On cpu_group, all wait for rank 0's host copy or its write.
-  loop      all_reduce x3       Lines 479, 493, 501. SUM at log steps the NaN flag (on CPU, at every
+  save      all_reduce          Line 327. SUMs the NaN flag and the loss since the last log.
+  save      barrier             Line 334. On cpu_group, all wait for rank 0's host copy or its write.
+  loop      all_reduce x3       Lines 480, 494, 502. SUM at log steps the NaN flag (on CPU, at every
                                 step), the loss, and on CUDA each rank's peak memory.
-  end       all_reduce x2       Lines 520, 521. Take the weights' MAX and MIN once, to show the
+  end       all_reduce x2       Lines 521, 522. Take the weights' MAX and MIN once, to show the
                                 replicas agree.
-  end       barrier             Line 526. After a run that went well, every rank waits for all.
-  end       destroy_process_group  Line 527. Then it tears both groups down.
+  end       barrier             Line 527. After a run that went well, every rank waits for all.
+  end       destroy_process_group  Line 528. Then it tears both groups down.
   vrl/stops.py:leave_group destroy_process_group  exits() calls it when a SystemExit or a
                                 RuntimeError (a stop, max_time, an error) leaves the loop.
 """
@@ -142,7 +142,8 @@ data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order,
 # from the settings named like its fields, with vocab_size padded to a multiple of 64. A paper
 # variant with no ablation field set gets model.py's flags and λ (the table under VARIANTS),
 # ablations.py:134 `if self.variant in VARIANTS and not self.anchors:`, and model.py's GPT,
-# ablations.py:225 `return AblationGPT(config) if ablations(config) else GPT(config)`. The start-up
+# ablations.py:225 `return AblationGPT(config) if ablations(config) else GPT(config)`, where
+# ablations(config) lists AblationConfig's own fields set away from their defaults. The start-up
 # line names the class. Tested: test_model.py's test_train_py_gives_each_paper_variant_model_py_lambdas.
 model_config = settings.model_config(config, data.meta['vocab_size'])
 # Under torchrun the device is cuda:LOCAL_RANK, made current; CUDA allows TF32 and turns NCCL's flight
@@ -200,6 +201,7 @@ else:
     raw_model = build_model(model_config)  # model.py's GPT for a paper variant, else AblationGPT
 raw_model.to(device)
 loss_since_log = torch.tensor(loss_since_log, device=device)  # summing on the device never waits
+nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 # nanoGPT's AdamW groups: decay on matrices and embeddings, not norms or λ, each group with its
 # lr_scale, vrl/optim.py:31 `key = (p.dim() >= 2, float(scales.get(name, 1.0)))`; plus Muon if set
@@ -368,7 +370,6 @@ def eval_passes(step):  # this rank's passes in step's evaluation, for the time-
 # is nothing to save. In the loop, a Ctrl-C after any first signal raises SystemExit(130) in the
 # handler, wherever the main thread is, and exits() passes it on after a background write lands.
 first_step, next_batch = iter_num, None
-nonfinite = torch.zeros((), device=device)  # nonzero once a step's loss or gradient is NaN or inf
 progress = tqdm(total=max_iters, initial=iter_num, disable=not master_process, mininterval=1.0)
 # reads step i+1's batch into (pinned) host memory during step i; on_device copies it to the GPU.
 # set_device keeps the thread on the rank's GPU (else it opens a context on GPU 0).

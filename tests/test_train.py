@@ -189,7 +189,7 @@ def test_reading_the_next_steps_windows_ahead_changes_nothing(workdir, monkeypat
 
 def test_a_pass_returns_the_loss_alone(workdir, monkeypatch):
     """Every forward pass train.py makes, training's or evaluation's, gives the model targets and gets back
-    its loss alone, a scalar, no logits (B x T x vocab: 6.6 GB at 82M), so none is held past it. Each training
+    its loss alone, a scalar, no logits (B x T x vocab: 13 GB at 82M), so none is held past it. Each training
     pass's inputs and targets are two views of one block of windows, copied to the device once (evaluation's
     targets are a new tensor, so that its padded pieces have the layout of the others)."""
     forward, returned, one_block = GPT.forward, [], []
