@@ -51,7 +51,7 @@ def variant_lambdas(variant, n_layer, source=1):
         first = n_layer + 1 - (3 * n_layer) // 8          # of 8: layers 6-8 (the paper's best)
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ' from linspace(0, 1), ours: the paper says only "stronger for higher layers" (top: e x 2nd)
+        # λ' = linspace(0, 1), ours (paper: "stronger for higher layers"); layer L: e x layer 2's
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]
@@ -123,8 +123,8 @@ class GPTConfig:
         self.check()
 
     def apply_variant(self, presets=VARIANTS, lambdas=None):
-        """Set the named variant's flags and λ; a flag given another value is an error. presets and
-        lambdas: ablations.py's, which adds its baselines and their λ (SVFormer's anchors too)."""
+        """Set the named variant's flags and λ; a flag set off its default to another value is an
+        error. presets and lambdas: ablations.py's (its baselines' λ, SVFormer's anchors)."""
         need(self.variant in presets, f"unknown variant {self.variant!r}; choose one of: custom, "
                                       f"{', '.join(presets)}")
         defaults = {f.name: f.default for f in fields(self)}
@@ -199,7 +199,7 @@ class CausalSelfAttention(nn.Module):
         return self.project_out(y), v
 
     def values(self, x, lambda_n, v1, kv_cache):
-        """What layer n attends over: V_n, or ResFormer's V'_n (cached), or SVFormer's V1."""
+        """What layer n attends over: V_n or ResFormer's V'_n (cached), or SVFormer's V1."""
         if self.svformer:
             return lambda_n[0] * v1          # SVFormer: U_n = A_n V1 (layer 1's slot caches V1)
         v = self.mix(lambda_n, v1, self.heads(self.c_v, x))              # V_n = x W_V (no RoPE)
@@ -315,7 +315,7 @@ class GPT(nn.Module):
         normal_init(self.modules())
 
     def store_lambdas(self, config):
-        """λ of layers 2..n_layer (source_layer is 1 here): a buffer, or parameters (no decay)."""
+        """The whole λ table as a buffer, or layers 2..n_layer's λ as parameters (no decay)."""
         rows = config.lambdas[config.source_layer:] if config.value_residual else \
             [(0.0, 1.0)] * (config.n_layer - config.source_layer)
         later = torch.tensor(rows).view(len(rows), 2)

@@ -38,8 +38,8 @@ _launched = time.time()  # max_time counts from here. The leading _ keeps it out
 from vrl import stops  # imported first, so that a Ctrl-C during the imports ends in one line
 stop = stops.StopSignals()  # until the loop, Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 exit with 128 + n
 # (one that lands while tqdm draws waits for the loop's first boundary). In the loop (stop.listen()
-# in exits()), a first signal only sets stop.signal, its number; a second Ctrl-C exits 130 at once;
-# a second SIGTERM, SIGHUP or SIGUSR1 changes nothing.
+# in exits()), a first signal only sets stop.signal, its number; a Ctrl-C after any first signal
+# exits 130 at once; a second SIGTERM, SIGHUP or SIGUSR1 changes nothing.
 
 import inspect
 import math
@@ -391,7 +391,7 @@ def exits():
     except (SystemExit, RuntimeError) as error:
         run.let_go()  # waits for a background write first, then frees the lock
         stops.leave_group()
-        stops.end_rank(error, ddp)
+        stops.end_rank(error, ddp)  # always re-raises: the let_go below is the normal path's
     finally:
         stop.polling = False  # after the loop a signal ends the process at once again
     run.let_go()
@@ -406,7 +406,7 @@ with exits(), progress, reader:
         due = (iter_num % eval_interval == 0 or iter_num == max_iters) \
             and (last_eval or {}).get('step') != iter_num
         evaluated, best = None, False
-        if eval_only or (due and not stopping):
+        if eval_only or (due and not stopping):  # eval_only evaluates even at a stop, then ends
             t_eval = time.time()
             evaluated = evaluation()  # None if a stop cut it short
             stopping = stop_now()  # a stop that came during it acts now, not a step later
