@@ -14,9 +14,9 @@ unless its row names cpu_group.
                                 10-minute timeout.
   start-up  new_group           Line 224. Makes cpu_group (gloo), with a 60-minute timeout for rank
                                 0's save.
-  start-up  DDP                 Line 232. Checks the weights' shapes, then copies rank 0's weights to
-                                all (our buffers are constants, alike on each rank). Then, in the
-                                backward of each step's last pass, it averages the gradients.
+  start-up  DDP                 Line 232. Checks the weights' shapes, copies rank 0's weights to all
+                                (our buffers are constants), averages the gradients in each step's
+                                last backward, and once (second step) broadcasts its bucket order.
   stop_now  all_reduce          Line 259. Takes the MAX of the stop flag on cpu_group: at each step
                                 boundary, after an evaluation, and after every 16th piece of an
                                 evaluation that every rank has.
