@@ -146,8 +146,8 @@ data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order,
 # ablations(config) lists AblationConfig's own fields set away from their defaults. The start-up
 # line names the class. Tested: test_model.py's test_train_py_gives_each_paper_variant_model_py_lambdas.
 model_config = settings.model_config(config, data.meta['vocab_size'])
-# Under torchrun the device is cuda:LOCAL_RANK, made current; CUDA allows TF32 and turns NCCL's flight
-# recorder on. A model too big, or a full-scale run fallen back to the CPU, ends in one line. dtype: a name
+# Under torchrun the device is cuda:LOCAL_RANK, made current, with NCCL's flight recorder on; CUDA
+# allows TF32. A model too big, or a full-scale run fallen back to the CPU, ends in one line. dtype: a name
 device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
                            saves=save_checkpoint)  # rank 0 locks out_dir and then checks it
