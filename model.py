@@ -51,7 +51,7 @@ def variant_lambdas(variant, n_layer, source=1):
         first = n_layer + 1 - (3 * n_layer) // 8          # of 8: layers 6-8 (the paper's best)
         rows = [(5.0, 1.0) if n >= first else (0.0, 1.0) for n in later]
     elif variant == 'resformer_learnable_plus':
-        # λ' = linspace(0, 1), ours (paper: "stronger for higher layers"); layer L: e x layer 2's
+        # ours, λ' = log softmax(linspace(0, 1)): layer L e x layer 2 (paper: "stronger for higher")
         logits = [j / max(len(later) - 1, 1) for j in range(len(later))]
         total = sum(math.exp(z) for z in logits)
         rows = [(n_layer * math.exp(z) / total, 0.5) for z in logits]

@@ -143,11 +143,11 @@ data = open_dataset(os.path.join('data', dataset), block_size, seed, data_order,
 # variant with no ablation field set gets model.py's flags and λ (the table under VARIANTS),
 # ablations.py:134 `if self.variant in VARIANTS and not self.anchors:`, and model.py's GPT,
 # ablations.py:225 `return AblationGPT(config) if ablations(config) else GPT(config)`, where
-# ablations(config) lists AblationConfig's own fields set away from their defaults. The start-up
-# line names the class. Tested: test_model.py's test_train_py_gives_each_paper_variant_model_py_lambdas.
+# ablations(config) lists AblationConfig's own fields set off their defaults. The start-up line
+# names the class. Tested: test_model.py's test_train_py_gives_each_paper_variant_model_py_lambdas.
 model_config = settings.model_config(config, data.meta['vocab_size'])
 # Under torchrun the device is cuda:LOCAL_RANK, made current, with NCCL's flight recorder on; CUDA
-# allows TF32. A model too big, or a full-scale run fallen back to the CPU, ends in one line. dtype: a name
+# allows TF32; dtype: a name. A too-big model, or a full-scale run on the CPU, ends in one line.
 device, device_type, dtype = hardware.setup(config, model_config, ddp_local_rank)
 run = run_folder.RunFolder(out_dir, init_from, overwrite, writes=master_process and not eval_only,
                            saves=save_checkpoint)  # rank 0 locks out_dir and then checks it
@@ -406,7 +406,7 @@ with exits(), progress, reader:
         due = (iter_num % eval_interval == 0 or iter_num == max_iters) \
             and (last_eval or {}).get('step') != iter_num
         evaluated, best = None, False
-        if eval_only or (due and not stopping):  # eval_only evaluates even at a stop, then ends
+        if eval_only or (due and not stopping):  # eval_only: even at a stop (a poll may cut it)
             t_eval = time.time()
             evaluated = evaluation()  # None if a stop cut it short
             stopping = stop_now()  # a stop that came during it acts now, not a step later
@@ -430,9 +430,9 @@ with exits(), progress, reader:
         # stop has nothing new to save: a resumed run's ckpt.pt holds this step.
         trained_this_launch = iter_num > first_step
         at_interval = ckpt_interval > 0 and iter_num % ckpt_interval == 0
-        # rows eval_interval, max_iters, and a stop's finished evaluation (step 0's only if the last)
+        # rows eval_interval, max_iters and a stop's finished evaluation (step 0's if it is the last)
         after_eval = evaluated and (iter_num > 0 or iter_num == max_iters)
-        after_training = trained_this_launch and (at_interval or stopping)  # rows ckpt_interval, stop
+        after_training = trained_this_launch and (at_interval or stopping)  # ckpt_interval, stop
         saving = bool(after_eval or after_training)
         if saving:  # in the foreground at a stop or the last step, as the process ends after it
             save(best, background=not stopping and iter_num < max_iters)

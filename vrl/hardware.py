@@ -33,12 +33,12 @@ def setup_device(device, dtype, local_rank, deterministic, needs_gpu):
     if device_type == 'cuda':
         torch.cuda.set_device(device)
         allow_tf32()
-    if device_type == 'cuda' and local_rank is not None:  # under torchrun, before NCCL's group starts
+    if device_type == 'cuda' and local_rank is not None:  # under torchrun, before NCCL's group
         # NCCL's flight recorder: a rank hung in a collective dumps its last 2,000 collectives into
         # /tmp/nccl_trace_rank_* when the group times out (the variable was renamed in torch 2.8)
         new_name = tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 8)
-        os.environ.setdefault('TORCH_FR_BUFFER_SIZE' if new_name else 'TORCH_NCCL_TRACE_BUFFER_SIZE',
-                              '2000')
+        name = 'TORCH_FR_BUFFER_SIZE' if new_name else 'TORCH_NCCL_TRACE_BUFFER_SIZE'
+        os.environ.setdefault(name, '2000')
     return device, device_type, pick_dtype(dtype, device_type)
 
 
