@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -591,7 +592,11 @@ def test_two_simulated_nodes_whose_host_names_resolve_to_loopback_meet_over_gloo
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in (0, 1)]
     outputs = [node.communicate(timeout=120)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
-    assert [output.splitlines()[-1] for output in outputs] == ['0 lo 2.0', '1 lo 2.0']
+    # each rank's own line (rank, interface, sum); torchrun's agent may log after it as the other node's
+    # store goes away at the end (seen under load: "Failed to recv ... remote server shutdown")
+    said = [[line for line in output.splitlines() if re.fullmatch(r'\d \S+ \d+\.\d+', line)]
+            for output in outputs]
+    assert said == [['0 lo 2.0'], ['1 lo 2.0']], outputs
 
 
 def test_an_empty_or_unwritable_out_dir_is_named_in_one_line(tmp_path):
